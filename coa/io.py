@@ -1,0 +1,90 @@
+"""Read and write artifacts, local or `s3://`, validated against their schema both ways.
+
+    from coa.io import read_table, write_table
+    write_table(df, "data/tasks.parquet", Task)      # validates, then writes deterministically
+    tasks = read_table("data/tasks.parquet", Task)   # reads, then validates
+
+A schema failure raises `ArtifactError` naming the artifact, the failing checks and a few failing
+rows. Rows a stage does not keep go to a rejects file (`write_rejects`) with the reason, so counts
+always reconcile.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pandera.errors
+import polars as pl
+
+from schemas import Reject
+
+
+class ArtifactError(ValueError):
+    """An artifact is missing or does not match its schema."""
+
+
+def _is_remote(path: str | Path) -> bool:
+    return "://" in str(path)
+
+
+def validate(df: pl.DataFrame, schema: Any, where: str) -> pl.DataFrame:
+    """Validate `df` against a pandera DataFrameModel, collecting every failure (lazy=True)."""
+    try:
+        return schema.validate(df, lazy=True)
+    except pandera.errors.SchemaErrors as err:
+        lines = []
+        for kind, checks in err.message.get("SCHEMA", {}).items():
+            for c in checks:
+                lines.append(f"  {kind} {c.get('column', '')}: {c.get('error', '')}")
+        for kind, checks in err.message.get("DATA", {}).items():
+            for c in checks:
+                lines.append(f"  {kind} {c.get('column', '')}: {c.get('error', '')[:400]}")
+        body = "\n".join(lines) or str(err)
+        raise ArtifactError(f"{where} does not match schema {schema.__name__}:\n{body}") from None
+
+
+def write_table(df: pl.DataFrame, path: str | Path, schema: Any) -> None:
+    """Validate and write a parquet artifact. Same frame in -> same bytes out."""
+    df = validate(df, schema, str(path))
+    if _is_remote(path):
+        with fsspec.open(str(path), "wb") as fh:
+            df.write_parquet(fh, compression="zstd", statistics=True)
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    df.write_parquet(path, compression="zstd", statistics=True)
+
+
+def read_table(path: str | Path, schema: Any) -> pl.DataFrame:
+    """Read a parquet artifact and validate it; a missing file says which stage makes it."""
+    if not _is_remote(path) and not Path(path).exists():
+        raise ArtifactError(f"{path}: no such artifact; run the stage that writes it (`dvc repro`)")
+    if _is_remote(path):
+        with fsspec.open(str(path), "rb") as fh:
+            df = pl.read_parquet(fh)
+    else:
+        df = pl.read_parquet(path)
+    return validate(df, schema, str(path))
+
+
+def write_rejects(path: str | Path, stage: str, rejects: Iterable[tuple[dict[str, Any], str]]) -> int:
+    """Write `(row, reason)` pairs as the stage's rejects file (always written, maybe empty)."""
+    rows = [{"stage": stage, "row": json.dumps(row, sort_keys=True, default=str), "reason": reason}
+            for row, reason in rejects]
+    df = pl.DataFrame(rows, schema={"stage": pl.Utf8, "row": pl.Utf8, "reason": pl.Utf8})
+    write_table(df, path, Reject)
+    return df.height
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Metrics / plots JSON: sorted keys, stable formatting, trailing newline."""
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    if _is_remote(path):
+        with fsspec.open(str(path), "w") as fh:
+            fh.write(text)
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)

@@ -1,0 +1,11 @@
+"""Pandera (polars) schemas: one DataFrameModel per artifact (see DESIGN.md, "How data flows").
+
+    from schemas import Task
+    Task.validate(df, lazy=True)      # raises SchemaErrors listing every failure
+
+`coa.io.read_table` / `write_table` apply them whenever an artifact is read or written.
+"""
+
+from schemas.artifacts import Document, Reject, Task
+
+__all__ = ["Document", "Reject", "Task"]

@@ -1,0 +1,147 @@
+"""End to end: every stage that exists, through `dvc repro`, on smoke-size params.
+
+Runs in a copy of the repository (its own git repo, DVC cache and MLflow store), so the stages and
+dvc.yaml never drift apart. Also checks determinism (`dvc repro -f` gives byte-identical artifacts)
+and the MLflow lineage of every stage run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from coa.io import read_table
+from schemas import Document, Reject, Task
+
+ROOT = Path(__file__).resolve().parents[2]
+TOP_LEVEL_SKIP = {".git", "data", "models", ".mlflow", ".pytest_cache", ".hypothesis", ".ruff_cache"}
+
+
+def ignore(directory: str, names: list[str]) -> set[str]:
+    """What not to copy: the checkout's outputs, caches and virtualenvs."""
+    here = Path(directory)
+    skip = {n for n in names if n == "__pycache__" or n.endswith(".egg-info") or n.startswith(".venv")}
+    if here == ROOT:
+        skip |= TOP_LEVEL_SKIP & set(names)
+    if here == ROOT / ".dvc":
+        skip |= {"cache", "tmp"} & set(names)
+    return skip
+
+SMOKE = {
+    "curate": {"sources": [{"kind": "world:web", "n": 240}, {"kind": "world:math", "n": 120},
+                           {"kind": "world:code", "n": 60}]},
+    "base": {"reference": "none", "tokenizer": {"vocab_size": 1024, "min_frequency": 2},
+             "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                      "num_key_value_heads": 1, "intermediate_size": 128}},
+}
+DATA = ["data/tasks.parquet", "data/corpus.parquet", "data/rejects/curate.parquet",
+        "models/base/model.safetensors", "models/base/tokenizer.json"]
+
+
+def merge(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        base[k] = merge(base.get(k, {}), v) if isinstance(v, dict) else v
+    return base
+
+
+def sh(cwd: Path, *cmd: str, env: dict | None = None) -> str:
+    bin_dir = str(Path(sys.executable).parent)
+    inherited = {k: v for k, v in os.environ.items() if k not in ("COA_PIPELINE_RUN_ID", "MLFLOW_TRACKING_URI")}
+    full_env = {**inherited, "PATH": f"{bin_dir}:{os.environ['PATH']}", **(env or {})}
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc.stdout
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {p: hashlib.md5((root / p).read_bytes()).hexdigest() for p in DATA}
+
+
+@pytest.fixture(scope="module")
+def smoke_repo(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("e2e") / "repo"
+    shutil.copytree(ROOT, repo, ignore=ignore)
+    params = merge(yaml.safe_load((repo / "params.yaml").read_text()), SMOKE)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for f in (repo / "metrics").glob("*.json"):
+        f.unlink()
+    (repo / "dvc.lock").unlink(missing_ok=True)
+    sh(repo, "git", "init", "-q")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "smoke", "--allow-empty")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "smoke")
+    sh(repo, "dvc", "repro")
+    return repo
+
+
+@pytest.mark.slow
+def test_dvc_repro_runs_every_stage(smoke_repo):
+    lock = yaml.safe_load((smoke_repo / "dvc.lock").read_text())
+    stages = yaml.safe_load((smoke_repo / "dvc.yaml").read_text())["stages"]
+    assert set(lock["stages"]) == set(stages)
+    tasks = read_table(smoke_repo / "data/tasks.parquet", Task)
+    read_table(smoke_repo / "data/corpus.parquet", Document)
+    rejects = read_table(smoke_repo / "data/rejects/curate.parquet", Reject)
+    metrics = yaml.safe_load((smoke_repo / "metrics/curate.json").read_text())
+    assert metrics["in"] == 420 == metrics["kept"] + metrics["rejected"] + metrics["duplicates"]
+    assert tasks.height == metrics["kept"] and rejects.height == metrics["rejected"] + metrics["duplicates"]
+    by_split = tasks.group_by("split").len()
+    assert set(by_split["split"]) == {"sft", "rl", "eval"}
+    assert tasks.group_by("question").len()["len"].max() == 1
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(smoke_repo / "models/base")
+    tok = AutoTokenizer.from_pretrained(smoke_repo / "models/base")
+    assert model.config.vocab_size == len(tok)
+    assert (smoke_repo / "models/base/coa_config.json").exists()
+    assert "no reference" in (smoke_repo / "models/reference/README.md").read_text().lower()
+
+
+@pytest.mark.slow
+def test_forced_rerun_is_byte_identical_and_lineage_is_logged(smoke_repo):
+    first = digests(smoke_repo)
+    sh(smoke_repo, "dvc", "repro", "-f", env={"COA_PIPELINE_RUN_ID": "second-run"})
+    assert digests(smoke_repo) == first
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{smoke_repo / '.mlflow/mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["coa"], output_format="list")
+    by_id: dict[str, list] = {}
+    for run in runs:
+        by_id.setdefault(run.data.tags["coa.pipeline_run_id"], []).append(run)
+    assert sorted(by_id) == sorted([next(k for k in by_id if k.startswith("dvc-")), "second-run"])
+    for group in by_id.values():
+        assert sorted(r.data.tags["coa.stage"] for r in group) == ["base", "curate"]
+    for run in by_id["second-run"]:
+        tags, metrics = run.data.tags, run.data.metrics
+        assert len(tags["coa.git_commit"]) == 40 and run.info.status == "FINISHED"
+        assert metrics["wall_time_s"] > 0
+        deps = {k for k in tags if k.startswith("coa.dep.")}
+        assert f"coa.dep.stages/{tags['coa.stage']}.py" in deps
+    base = next(r for r in by_id["second-run"] if r.data.tags["coa.stage"] == "base")
+    lock = yaml.safe_load((smoke_repo / "dvc.lock").read_text())
+    tasks_md5 = next(o["md5"] for o in lock["stages"]["curate"]["outs"] if o["path"] == "data/tasks.parquet")
+    assert base.data.tags["coa.dep.data/tasks.parquet"] == tasks_md5
+    assert base.data.params["base.kind"] == "tiny"
+
+
+@pytest.mark.slow
+def test_bad_params_fail_with_the_key_named(smoke_repo, tmp_path):
+    bad = yaml.safe_load((smoke_repo / "params.yaml").read_text())
+    bad["curate"]["splits"]["eval"] = 0.5
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    proc = subprocess.run([sys.executable, "-m", "stages.curate", "--params", str(tmp_path / "bad.yaml"),
+                           "--tasks", "x", "--corpus", "x", "--rejects", "x", "--metrics", "x"],
+                          cwd=smoke_repo, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "curate.splits: fractions must sum to 1" in proc.stderr
+    assert pl.read_parquet(smoke_repo / "data/tasks.parquet").height > 0

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from coa.tasks.curate import curate, dedupe_key, hash_split, normalise_text
+
+SPLITS = {"sft": 0.6, "rl": 0.25, "eval": 0.15}
+
+
+def row(task_id, question, domain="web", split="sft", answers=("x",), tests=()):
+    return {"task_id": task_id, "domain": domain, "question": question, "answers": list(answers),
+            "tests": list(tests), "source": "s", "split": split, "meta": "{}"}
+
+
+def run(*sources):
+    return curate(list(sources), seed=1, splits=SPLITS, min_code_tests=5, max_question_chars=100)
+
+
+def test_normalise_and_dedupe_key():
+    assert normalise_text("  Caf\u0065\u0301 \r\nline  \r\n") == "Caf\u00e9\nline"
+    assert dedupe_key("Who founded  ACME, Inc.?") == dedupe_key("who founded acme inc")
+
+
+def test_counts_reconcile_and_reasons_are_recorded():
+    a = [row("a1", "Who founded Acme?"), row("a2", "who founded ACME"), row("a3", ""),
+         row("a4", "Write f", domain="code", tests=["assert f()"] * 2), row("a5", "q" * 101),
+         row("a6", "Where?", answers=["", " "]), row("a7", "What?", domain="chem")]
+    b = [row("a1", "Another question"), row("b2", "Who founded Acme?", split="eval"),
+         {"task_id": "b3", "question": "no domain"}]
+    out = run(("A", a, []), ("B", b, []))
+    c = out.counts
+    assert c["in"] == 10 and c["kept"] == 1
+    assert c["in"] == c["kept"] + c["rejected"] + c["duplicates"]
+    assert c["source/A/duplicates"] == 1 and c["source/B/duplicates"] == 1
+    assert len(out.rejects) == c["rejected"] + c["duplicates"]
+    reasons = " | ".join(r for _, r in out.rejects)
+    for expected in ("duplicate question of a1", "empty question", "under curate.min_code_tests=5",
+                     "over curate.max_question_chars=100", "no non-empty answer", "domain 'chem'",
+                     "task_id 'a1' already used", "missing fields: domain"):
+        assert expected in reasons
+    assert [t["task_id"] for t in out.tasks] == ["a1"]
+
+
+def test_first_occurrence_wins_across_splits_so_no_overlap():
+    out = run(("A", [row("a", "Same?", split="sft")], []), ("B", [row("b", "same", split="eval")], []))
+    assert [(t["task_id"], t["split"]) for t in out.tasks] == [("a", "sft")]
+
+
+def test_rows_without_split_are_hashed_deterministically():
+    rows = [row(f"t{i}", f"Question number {i}?", split=None) for i in range(2000)]
+    out = run(("A", rows, []))
+    shares = {s: sum(t["split"] == s for t in out.tasks) / 2000 for s in SPLITS}
+    for s, frac in SPLITS.items():
+        assert abs(shares[s] - frac) < 0.04
+    assert hash_split("k", 1, SPLITS) == hash_split("k", 1, SPLITS)
+    assert run(("A", list(reversed(rows)), [])).tasks == out.tasks
+
+
+def test_duplicate_documents_are_rejected_not_lost():
+    docs = [{"doc_id": "d1", "url": "https://x/1", "title": "t", "text": "x"},
+            {"doc_id": "d2", "url": "https://x/1", "title": "t", "text": "y"},
+            {"doc_id": "d3", "url": "https://x/3", "title": "t", "text": "z"}]
+    out = run(("A", [], docs))
+    assert [d["doc_id"] for d in out.documents] == ["d3"]
+    assert out.counts["documents/in"] == 3 == out.counts["documents/kept"] + out.counts["documents/rejected"]

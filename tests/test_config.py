@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+
+from coa.config import ConfigError, Params, derive_seed, flatten, load_params, to_dict
+
+
+def test_shipped_params_load(repo_root):
+    params = load_params(repo_root / "params.yaml")
+    assert isinstance(params, Params)
+    assert abs(sum(params.curate.splits.values()) - 1) < 1e-9
+    assert params.base.tiny.hidden_size % params.base.tiny.num_attention_heads == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"curate.splitz": 1}, r"curate\.splitz: unknown key; did you mean 'splits'\?"),
+        ({"common.seed": "seven"}, r"common\.seed: must be an integer"),
+        ({"common.seed": -1}, r"common\.seed: must be >= 0"),
+        ({"curate.splits": {"sft": 0.5, "rl": 0.2, "eval": 0.2}}, r"curate\.splits: fractions must sum to 1"),
+        ({"curate.splits": {"sft": 0.5, "eval": 0.5}}, r"curate\.splits: keys must be exactly"),
+        ({"curate.sources": [{"kind": "world:wbe", "n": 3}]}, r"curate\.sources\[0\]\.kind: unknown source kind 'world:wbe' \(did you mean world:web\?\)"),
+        ({"curate.sources": [{"kind": "world:web"}]}, r"curate\.sources\[0\]\.n: world:web needs n"),
+        ({"curate.sources": [{"kind": "world:web", "n": 3, "colour": 1}]}, r"curate\.sources\[0\]\.colour: unknown key"),
+        ({"base.kind": "huge"}, r"base\.kind: must be one of \['tiny', 'hf', 'smollm2'\], got 'huge'"),
+        ({"base.kind": "hf"}, r"base\.hf_path: kind=hf needs hf_path"),
+        ({"base.tiny.num_attention_heads": 3}, r"base\.tiny\.num_attention_heads: must divide hidden_size"),
+        ({"base.tokenizer.vocab_size": 1.5}, r"base\.tokenizer\.vocab_size: must be an integer"),
+    ],
+)
+def test_bad_values_name_the_key(repo_root, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_params(repo_root / "params.yaml", overrides)
+
+
+def test_missing_key_says_what_to_add(repo_root, tmp_path):
+    text = (repo_root / "params.yaml").read_text().replace("  min_code_tests: 5\n", "")
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"curate\.min_code_tests: missing; add it \(Code tasks"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="no such params file"):
+        load_params("/nonexistent/params.yaml")
+
+
+def test_configs_are_frozen(repo_root):
+    params = load_params(repo_root / "params.yaml")
+    with pytest.raises(AttributeError):
+        params.common.seed = 3  # type: ignore[misc]
+
+
+def test_derive_seed_is_stable_and_distinct():
+    assert derive_seed(1, "a") == derive_seed(1, "a")
+    assert derive_seed(1, "a") != derive_seed(1, "b")
+    assert derive_seed(1, "a") != derive_seed(2, "a")
+    assert 0 <= derive_seed(123, "x", "y") < 2**31
+
+
+def test_to_dict_round_trips_through_build(repo_root):
+    from coa.config import build
+
+    params = load_params(repo_root / "params.yaml")
+    assert build(Params, to_dict(params), "") == params
+    assert flatten({"a": {"b": [1, {"c": 2}]}}) == {"a.b.0": 1, "a.b.1.c": 2}

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import hashlib
+import json
+
+import polars as pl
+import pytest
+
+from coa.io import ArtifactError, read_table, write_json, write_rejects, write_table
+from schemas import Document, Reject
+
+
+def docs(n=3):
+    return pl.DataFrame({"doc_id": [f"d{i}" for i in range(n)], "url": [f"https://w/{i}" for i in range(n)],
+                         "title": ["t"] * n, "text": ["body"] * n})
+
+
+def test_round_trip_and_bytes_are_deterministic(tmp_path):
+    write_table(docs(), tmp_path / "a.parquet", Document)
+    write_table(docs(), tmp_path / "b.parquet", Document)
+    assert read_table(tmp_path / "a.parquet", Document).equals(docs())
+    digest = [hashlib.md5((tmp_path / f).read_bytes()).hexdigest() for f in ("a.parquet", "b.parquet")]
+    assert digest[0] == digest[1]
+
+
+def test_schema_violation_names_artifact_and_check(tmp_path):
+    bad = docs().with_columns(pl.lit("ftp://nope").alias("url"))
+    with pytest.raises(ArtifactError, match=r"bad\.parquet does not match schema Document:(.|\n)*url"):
+        write_table(bad, tmp_path / "bad.parquet", Document)
+    assert not (tmp_path / "bad.parquet").exists()
+    with pytest.raises(ArtifactError, match="extra"):
+        write_table(docs().with_columns(pl.lit(1).alias("extra")), tmp_path / "x.parquet", Document)
+
+
+def test_reading_validates_too(tmp_path):
+    docs().with_columns(pl.lit("dup").alias("doc_id")).write_parquet(tmp_path / "dup.parquet")
+    with pytest.raises(ArtifactError, match="doc_id"):
+        read_table(tmp_path / "dup.parquet", Document)
+    with pytest.raises(ArtifactError, match="run the stage that writes it"):
+        read_table(tmp_path / "missing.parquet", Document)
+
+
+def test_rejects_and_json(tmp_path):
+    n = write_rejects(tmp_path / "r.parquet", "curate", [({"a": 1}, "because"), ({"b": [2]}, "why not")])
+    df = read_table(tmp_path / "r.parquet", Reject)
+    assert n == 2 and df["reason"].to_list() == ["because", "why not"]
+    assert json.loads(df["row"][1]) == {"b": [2]}
+    assert write_rejects(tmp_path / "empty.parquet", "curate", []) == 0
+    write_json(tmp_path / "m.json", {"b": 1, "a": 2})
+    assert (tmp_path / "m.json").read_text() == '{\n  "a": 2,\n  "b": 1\n}\n'
