@@ -26,6 +26,8 @@ import yaml
 from schemas.artifacts import SPLITS
 
 WORLD_KINDS = ("world:web", "world:math", "world:code")
+ADAPTER_KINDS = ("hotpotqa", "nq", "triviaqa", "2wiki", "musique", "popqa", "bamboogle", "gaia", "gsm8k",
+                 "math", "aime", "dapo_math", "livecodebench", "afm_rl", "jsonl")
 
 
 class ConfigError(ValueError):
@@ -55,9 +57,28 @@ def derive_seed(seed: int, *names: str) -> int:
 
 
 @dataclass(frozen=True)
+class ToolsConfig:
+    search_provider: Literal["bm25", "http"] = _help(
+        "bm25: the local index (data/index); http: a Serper-compatible search API (paper scale).")
+    search_url: str = _help("search_provider=http: the endpoint.")
+    search_api_key_env: str = _help("search_provider=http: the environment variable holding the API key.")
+    search_top_k: int = _help("Results per search.")
+    snippet_chars: int = _help("Longest snippet per search result.")
+    page_chars: int = _help("crawl_page: longest page text per URL.")
+    max_observation_chars: int = _help("Every observation is capped at this length (reference: 1536).")
+    code_wall_time_s: float = _help("Python sandbox: wall-time limit per call.")
+
+    def __post_init__(self) -> None:
+        for name in ("search_top_k", "snippet_chars", "page_chars", "max_observation_chars"):
+            _require(getattr(self, name) >= 1, f"common.tools.{name}", "must be >= 1")
+        _require(0 < self.code_wall_time_s <= 600, "common.tools.code_wall_time_s", "must be in (0, 600]")
+
+
+@dataclass(frozen=True)
 class CommonConfig:
     seed: int = _help("The one seed every random choice derives from (coa.config.derive_seed).")
     experiment: str = _help("MLflow experiment that every stage's run is logged under.")
+    tools: ToolsConfig = _help("The agents' tools (web_search, crawl_page, code), shared by every stage.")
 
     def __post_init__(self) -> None:
         _require(self.seed >= 0, "common.seed", f"must be >= 0, got {self.seed}")
@@ -66,14 +87,17 @@ class CommonConfig:
 
 @dataclass(frozen=True)
 class SourceConfig:
-    kind: str = _help(f"Where tasks come from: one of {', '.join(WORLD_KINDS)} (built-in worlds).")
+    kind: str = _help(f"Where tasks come from: a built-in world ({', '.join(WORLD_KINDS)}) or a public "
+                      f"dataset adapter ({', '.join(ADAPTER_KINDS)}).")
     n: int | None = _help("World kinds: number of tasks to generate.", default=None)
-    path: str | None = _help("Adapter kinds: the dataset file, under curate.data_dir.", default=None)
+    path: str | None = _help("Adapter kinds: the dataset file, relative to curate.data_dir.", default=None)
     split: Literal["sft", "rl", "eval"] | None = _help(
-        "Put every task of this source in one split; default: worlds split by entity, "
-        "other sources by a seeded hash of the question into curate.splits.",
+        "Put every task of this source in one split (e.g. eval for a benchmark); default: worlds split "
+        "by entity, other sources by a seeded hash of the question into curate.splits.",
         default=None,
     )
+    question_field: str = _help("kind=jsonl: the field holding the question.", default="question")
+    answer_field: str = _help("kind=jsonl: the field holding the answer (a string or a list).", default="answer")
 
 
 @dataclass(frozen=True)
@@ -83,6 +107,9 @@ class CurateConfig:
     splits: dict[str, float] = _help("Fractions of tasks per split: keys sft, rl, eval; sum to 1.")
     min_code_tests: int = _help("Code tasks with fewer hidden tests than this are rejected.")
     max_question_chars: int = _help("Questions longer than this are rejected.")
+    decontaminate_ngram: int = _help(
+        "Training tasks sharing this many consecutive words with an eval-split question of another "
+        "source (a benchmark) are removed; 13 is the usual setting, 0 turns it off.")
 
     def __post_init__(self) -> None:
         _require(len(self.sources) > 0, "curate.sources", "list at least one source, e.g. {kind: world:web, n: 100}")
@@ -91,10 +118,14 @@ class CurateConfig:
             if src.kind in WORLD_KINDS:
                 _require(src.n is not None and src.n > 0, f"{key}.n", f"{src.kind} needs n: a positive task count")
                 _require(src.path is None, f"{key}.path", f"{src.kind} is generated; remove path")
+            elif src.kind in ADAPTER_KINDS:
+                _require(bool(src.path), f"{key}.path", f"{src.kind} needs path: its file under curate.data_dir")
+                _require(src.n is None, f"{key}.n", f"{src.kind} is read from a file; remove n")
             else:
-                close = difflib.get_close_matches(src.kind, WORLD_KINDS, n=1)
+                kinds = WORLD_KINDS + ADAPTER_KINDS
+                close = difflib.get_close_matches(src.kind, kinds, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
-                raise ConfigError(f"{key}.kind: unknown source kind {src.kind!r}{hint}; allowed: {', '.join(WORLD_KINDS)}")
+                raise ConfigError(f"{key}.kind: unknown source kind {src.kind!r}{hint}; allowed: {', '.join(kinds)}")
         _require(set(self.splits) == set(SPLITS), "curate.splits", f"keys must be exactly {list(SPLITS)}, got {sorted(self.splits)}")
         for name, frac in self.splits.items():
             _require(0.0 <= frac <= 1.0, f"curate.splits.{name}", f"must be within [0, 1], got {frac}")
@@ -102,6 +133,7 @@ class CurateConfig:
         _require(abs(total - 1.0) < 1e-6, "curate.splits", f"fractions must sum to 1, got {total:g}")
         _require(self.min_code_tests >= 1, "curate.min_code_tests", "must be >= 1")
         _require(self.max_question_chars >= 16, "curate.max_question_chars", "must be >= 16")
+        _require(self.decontaminate_ngram >= 0, "curate.decontaminate_ngram", "must be >= 0 (0 turns it off)")
 
 
 @dataclass(frozen=True)
@@ -158,10 +190,21 @@ class BaseConfig:
 
 
 @dataclass(frozen=True)
+class IndexConfig:
+    k1: float = _help("BM25 term-frequency saturation.")
+    b: float = _help("BM25 length normalisation, in [0, 1].")
+
+    def __post_init__(self) -> None:
+        _require(self.k1 > 0, "index.k1", "must be > 0")
+        _require(0 <= self.b <= 1, "index.b", "must be within [0, 1]")
+
+
+@dataclass(frozen=True)
 class Params:
     common: CommonConfig = _help("Shared by every stage.")
     curate: CurateConfig = _help("The curate stage.")
     base: BaseConfig = _help("The base stage.")
+    index: IndexConfig = _help("The index stage.")
 
     def section(self, name: str) -> Any:
         return getattr(self, name)

@@ -9,6 +9,12 @@ SPLITS = ("sft", "rl", "eval")
 DOMAINS = ("web", "math", "code")
 
 
+# polars dtypes of the artifacts, for building frames from rows (pl.DataFrame(rows, schema=TASK_DTYPES))
+TASK_DTYPES = {"task_id": pl.Utf8, "domain": pl.Utf8, "question": pl.Utf8, "answers": pl.List(pl.Utf8),
+               "tests": pl.List(pl.Utf8), "source": pl.Utf8, "split": pl.Utf8, "meta": pl.Utf8}
+DOCUMENT_DTYPES = {"doc_id": pl.Utf8, "url": pl.Utf8, "title": pl.Utf8, "text": pl.Utf8}
+
+
 class Task(pa.DataFrameModel):
     """`data/tasks.parquet`: one curated task per row, written by curate."""
 

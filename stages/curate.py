@@ -4,29 +4,45 @@
     python -m stages.curate --tasks data/tasks.parquet --corpus data/corpus.parquet \\
         --rejects data/rejects/curate.parquet --metrics metrics/curate.json
 
-Normalises, dedupes by normalised question (first source wins), splits sft / rl / eval with no
-overlap (worlds by entity, other sources by a seeded hash of the question), validates with the
-`Task` and `Document` schemas. `metrics/curate.json` reconciles: in = kept + rejected + duplicates.
+Sources are built-in worlds (generated from the seed) and public datasets read by the adapters
+from `curate.data_dir`. Normalises, dedupes by normalised question (first source wins), splits sft /
+rl / eval with no overlap (worlds by entity, a source's `split` param, else a seeded hash of the
+question), decontaminates training tasks against other sources' eval questions (13-grams), and
+validates with the `Task` and `Document` schemas. `metrics/curate.json` reconciles:
+in = kept + rejected + duplicates + contaminated, per source and overall.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import polars as pl
 
-from coa.config import derive_seed
+from coa.config import WORLD_KINDS, SourceConfig, derive_seed
 from coa.io import write_rejects, write_table
 from coa.tasks import generate_world
-from coa.tasks.curate import curate
-from schemas import Document, Task
+from coa.tasks.adapters import read_source
+from coa.tasks.curate import SourceRows, curate
+from schemas import DOCUMENT_DTYPES, TASK_DTYPES, Document, Task
 from stages._stage import Stage
 
 log = logging.getLogger("coa")
 
-TASK_SCHEMA = {"task_id": pl.Utf8, "domain": pl.Utf8, "question": pl.Utf8, "answers": pl.List(pl.Utf8),
-               "tests": pl.List(pl.Utf8), "source": pl.Utf8, "split": pl.Utf8, "meta": pl.Utf8}
-DOC_SCHEMA = {"doc_id": pl.Utf8, "url": pl.Utf8, "title": pl.Utf8, "text": pl.Utf8}
+
+def load(src: SourceConfig, name: str, data_dir: Path, seed: int, splits: dict[str, float]) -> SourceRows:
+    if src.kind in WORLD_KINDS:
+        rows, docs = generate_world(src.kind, src.n, derive_seed(seed, "curate", name), splits)
+        loaded = SourceRows(name, rows, docs, generated=True)
+    else:
+        rows, rejects = read_source(src.kind, data_dir / src.path, question_field=src.question_field,
+                                    answer_field=src.answer_field)
+        loaded = SourceRows(name, rows, rejects=rejects)
+    if src.split is not None:
+        loaded.rows = [{**r, "split": src.split} for r in loaded.rows]
+    log.info("curate: %s gave %d tasks, %d documents, %d rejected by the loader",
+             name, len(loaded.rows), len(loaded.documents), len(loaded.rejects))
+    return loaded
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,23 +50,18 @@ def main(argv: list[str] | None = None) -> None:
                "rejects": "rejected rows (parquet)", "metrics": "counts (JSON)"}
     with Stage("curate", argv, outputs=outputs) as st:
         cfg, seed = st.params.curate, st.params.common.seed
-        sources = []
-        for i, src in enumerate(cfg.sources):
-            name = src.kind if [s.kind for s in cfg.sources].count(src.kind) == 1 else f"{src.kind}#{i}"
-            rows, docs = generate_world(src.kind, src.n, derive_seed(seed, "curate", src.kind, str(i)), cfg.splits)
-            if src.split is not None:
-                rows = [{**r, "split": src.split} for r in rows]
-            log.info("curate: %s gave %d tasks, %d documents", name, len(rows), len(docs))
-            sources.append((name, rows, docs))
+        kinds = [s.kind for s in cfg.sources]
+        sources = [load(src, src.kind if kinds.count(src.kind) == 1 else f"{src.kind}#{i}", Path(cfg.data_dir),
+                        seed, cfg.splits) for i, src in enumerate(cfg.sources)]
         result = curate(sources, seed=seed, splits=cfg.splits, min_code_tests=cfg.min_code_tests,
-                        max_question_chars=cfg.max_question_chars)
-        write_table(pl.DataFrame(result.tasks, schema=TASK_SCHEMA), st.args.tasks, Task)
-        write_table(pl.DataFrame(result.documents, schema=DOC_SCHEMA), st.args.corpus, Document)
+                        max_question_chars=cfg.max_question_chars, decontaminate_ngram=cfg.decontaminate_ngram)
+        write_table(pl.DataFrame(result.tasks, schema=TASK_DTYPES), st.args.tasks, Task)
+        write_table(pl.DataFrame(result.documents, schema=DOCUMENT_DTYPES), st.args.corpus, Document)
         write_rejects(st.args.rejects, "curate", result.rejects)
-        log.info("curate: kept %d of %d tasks (%d rejected, %d duplicates), %d documents",
-                 result.counts["kept"], result.counts["in"], result.counts["rejected"],
-                 result.counts["duplicates"], result.counts["documents/kept"])
-        st.finish(result.counts)
+        c = result.counts
+        log.info("curate: kept %d of %d tasks (%d rejected, %d duplicates, %d contaminated), %d documents",
+                 c["kept"], c["in"], c["rejected"], c["duplicates"], c["contaminated"], c["documents/kept"])
+        st.finish(c)
 
 
 if __name__ == "__main__":

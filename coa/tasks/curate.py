@@ -8,17 +8,15 @@ not kept is returned in `rejects` with its reason.
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from coa.tasks.decontaminate import decontaminate, words
 from schemas.artifacts import DOMAINS, SPLITS
 
 TASK_COLUMNS = ("task_id", "domain", "question", "answers", "tests", "source", "split", "meta")
-_PUNCT = re.compile(r"[^\w\s]", re.UNICODE)
-_SPACE = re.compile(r"\s+")
 
 
 def normalise_text(text: str) -> str:
@@ -28,9 +26,8 @@ def normalise_text(text: str) -> str:
 
 
 def dedupe_key(question: str) -> str:
-    """Questions equal up to case, punctuation and spacing are duplicates."""
-    text = unicodedata.normalize("NFKC", question).casefold()
-    return _SPACE.sub(" ", _PUNCT.sub(" ", text)).strip()
+    """Questions equal up to case, punctuation and spacing are duplicates (decontamination's words)."""
+    return " ".join(words(question))
 
 
 def hash_split(key: str, seed: int, splits: dict[str, float]) -> str:
@@ -77,6 +74,17 @@ def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
+class SourceRows:
+    """One source's rows as loaded: tasks, documents, and rows its loader already rejected."""
+
+    name: str
+    rows: list[dict[str, Any]]
+    documents: list[dict[str, Any]] = field(default_factory=list)
+    rejects: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    generated: bool = False  # a built-in world: split by entity, templates shared across splits on purpose
+
+
+@dataclass
 class Curated:
     tasks: list[dict[str, Any]] = field(default_factory=list)
     documents: list[dict[str, Any]] = field(default_factory=list)
@@ -84,26 +92,39 @@ class Curated:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+PARTS = ("kept", "rejected", "duplicates", "contaminated")
+
+
 def curate(
-    sources: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]],
+    sources: list[SourceRows],
     *,
     seed: int,
     splits: dict[str, float],
     min_code_tests: int,
     max_question_chars: int,
+    decontaminate_ngram: int = 13,
 ) -> Curated:
-    """Merge `(source_name, task_rows, documents)` triples into one curated task table and corpus.
+    """Merge sources into one curated task table and corpus.
 
     Rows without a split get `hash_split`; the first occurrence of a question wins, so no question
-    lands in two splits. Output order is by task_id, so the result does not depend on dict order.
+    lands in two splits. Training (sft/rl) rows sharing a `decontaminate_ngram`-word sequence with an
+    eval-split question of another source are removed (0 turns this off); a generated world is not
+    checked against its own eval split, which shares its templates by design and is held out by
+    entity instead. Output order is by task_id, so the result does not depend on dict order.
     """
     out = Curated()
     counts: Counter[str] = Counter()
     seen_q: dict[str, str] = {}
     seen_id: set[str] = set()
-    for name, rows, docs in sources:
-        for raw in rows:
-            counts[f"source/{name}/in"] += 1
+    kept_by_source: dict[str, list[dict[str, Any]]] = {}
+    for src in sources:
+        name = src.name
+        counts[f"source/{name}/in"] += len(src.rows) + len(src.rejects)
+        counts[f"source/{name}/rejected"] += len(src.rejects)
+        counts["rejected/loader"] += len(src.rejects)
+        out.rejects.extend(src.rejects)
+        kept = kept_by_source.setdefault(name, [])
+        for raw in src.rows:
             row = normalise_row(raw)
             if not row.get("split"):
                 row["split"] = hash_split(dedupe_key(row["question"]), seed, splits)
@@ -122,14 +143,27 @@ def curate(
                 continue
             seen_q[key] = row["task_id"]
             seen_id.add(row["task_id"])
-            counts[f"source/{name}/kept"] += 1
-            counts[f"domain/{row['domain']}"] += 1
-            counts[f"split/{row['split']}"] += 1
-            counts[f"domain_split/{row['domain']}/{row['split']}"] += 1
-            out.tasks.append({c: row[c] for c in TASK_COLUMNS})
-        for doc in docs:
-            counts["documents/in"] += 1
-            out.documents.append(doc)
+            kept.append({c: row[c] for c in TASK_COLUMNS})
+        counts["documents/in"] += len(src.documents)
+        out.documents.extend(src.documents)
+
+    generated = {src.name for src in sources if src.generated}
+    eval_questions = {name: [t["question"] for t in rows if t["split"] == "eval"] for name, rows in kept_by_source.items()}
+    for name, rows in kept_by_source.items():
+        refs = [q for other, qs in eval_questions.items() if other != name or name not in generated for q in qs]
+        train = [t for t in rows if t["split"] != "eval"]
+        if decontaminate_ngram > 0 and refs and train:
+            clean, dirty = decontaminate(train, refs, decontaminate_ngram)
+            counts[f"source/{name}/contaminated"] += len(dirty)
+            out.rejects.extend(dirty)
+            rows = clean + [t for t in rows if t["split"] == "eval"]
+        counts[f"source/{name}/kept"] += len(rows)
+        out.tasks.extend(rows)
+    for t in out.tasks:
+        counts[f"domain/{t['domain']}"] += 1
+        counts[f"split/{t['split']}"] += 1
+        counts[f"domain_split/{t['domain']}/{t['split']}"] += 1
+
     urls = Counter(d["url"] for d in out.documents)
     ids = Counter(d["doc_id"] for d in out.documents)
     kept_docs = []
@@ -143,15 +177,15 @@ def curate(
     out.tasks.sort(key=lambda t: t["task_id"])
     counts["tasks"] = len(out.tasks)
     counts["documents/kept"] = len(out.documents)
-    counts.setdefault("documents/in", 0)
     counts.setdefault("documents/rejected", 0)
-    for name, _, _ in sources:
-        for part in ("in", "kept", "rejected", "duplicates"):
+    for src in sources:
+        name = src.name
+        for part in PARTS:
             counts.setdefault(f"source/{name}/{part}", 0)
-        total = sum(counts[f"source/{name}/{p}"] for p in ("kept", "rejected", "duplicates"))
+        total = sum(counts[f"source/{name}/{p}"] for p in PARTS)
         if total != counts[f"source/{name}/in"]:  # pragma: no cover - a bug, not bad input
             raise AssertionError(f"counts of {name} do not reconcile: {dict(counts)}")
-    for part in ("in", "kept", "rejected", "duplicates"):
-        counts[part] = sum(counts[f"source/{n}/{part}"] for n, _, _ in sources)
+    for part in ("in", *PARTS):
+        counts[part] = sum(counts[f"source/{src.name}/{part}"] for src in sources)
     out.counts = dict(sorted(counts.items()))
     return out

@@ -37,13 +37,15 @@ def ignore(directory: str, names: list[str]) -> set[str]:
 
 SMOKE = {
     "curate": {"sources": [{"kind": "world:web", "n": 240}, {"kind": "world:math", "n": 120},
-                           {"kind": "world:code", "n": 60}]},
+                           {"kind": "world:code", "n": 60},
+                           {"kind": "hotpotqa", "path": "hotpotqa.json", "split": "eval"}]},
     "base": {"reference": "none", "tokenizer": {"vocab_size": 1024, "min_frequency": 2},
              "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                       "num_key_value_heads": 1, "intermediate_size": 128}},
 }
 DATA = ["data/tasks.parquet", "data/corpus.parquet", "data/rejects/curate.parquet",
-        "models/base/model.safetensors", "models/base/tokenizer.json"]
+        "models/base/model.safetensors", "models/base/tokenizer.json",
+        "data/index/docs.json", "data/index/data.csc.index.npy", "data/index/vocab.tokenizer.json"]
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -69,6 +71,7 @@ def digests(root: Path) -> dict[str, str]:
 def smoke_repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("e2e") / "repo"
     shutil.copytree(ROOT, repo, ignore=ignore)
+    shutil.copy(ROOT / "tests/fixtures/datasets/hotpotqa.json", repo / "inputs/data/hotpotqa.json")
     params = merge(yaml.safe_load((repo / "params.yaml").read_text()), SMOKE)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for f in (repo / "metrics").glob("*.json"):
@@ -91,7 +94,10 @@ def test_dvc_repro_runs_every_stage(smoke_repo):
     read_table(smoke_repo / "data/corpus.parquet", Document)
     rejects = read_table(smoke_repo / "data/rejects/curate.parquet", Reject)
     metrics = yaml.safe_load((smoke_repo / "metrics/curate.json").read_text())
-    assert metrics["in"] == 420 == metrics["kept"] + metrics["rejected"] + metrics["duplicates"]
+    parts = metrics["kept"] + metrics["rejected"] + metrics["duplicates"] + metrics["contaminated"]
+    assert metrics["source/world:web/in"] + metrics["source/world:math/in"] + metrics["source/world:code/in"] == 420
+    assert metrics["in"] == parts and metrics["source/hotpotqa/kept"] >= 1 and metrics["source/hotpotqa/rejected"] >= 1
+    assert tasks.filter(pl.col("source") == "hotpotqa")["split"].unique().to_list() == ["eval"]
     assert tasks.height == metrics["kept"] and rejects.height == metrics["rejected"] + metrics["duplicates"]
     by_split = tasks.group_by("split").len()
     assert set(by_split["split"]) == {"sft", "rl", "eval"}
@@ -103,6 +109,10 @@ def test_dvc_repro_runs_every_stage(smoke_repo):
     assert model.config.vocab_size == len(tok)
     assert (smoke_repo / "models/base/coa_config.json").exists()
     assert "no reference" in (smoke_repo / "models/reference/README.md").read_text().lower()
+    from coa.tools.search import BM25Index
+
+    index = BM25Index.load(smoke_repo / "data/index")
+    assert len(index) == read_table(smoke_repo / "data/corpus.parquet", Document).height
 
 
 @pytest.mark.slow
@@ -113,6 +123,7 @@ def test_forced_rerun_is_byte_identical_and_lineage_is_logged(smoke_repo):
 
     import mlflow
 
+    lock = yaml.safe_load((smoke_repo / "dvc.lock").read_text())
     mlflow.set_tracking_uri(f"sqlite:///{smoke_repo / '.mlflow/mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["coa"], output_format="list")
     by_id: dict[str, list] = {}
@@ -120,7 +131,7 @@ def test_forced_rerun_is_byte_identical_and_lineage_is_logged(smoke_repo):
         by_id.setdefault(run.data.tags["coa.pipeline_run_id"], []).append(run)
     assert sorted(by_id) == sorted([next(k for k in by_id if k.startswith("dvc-")), "second-run"])
     for group in by_id.values():
-        assert sorted(r.data.tags["coa.stage"] for r in group) == ["base", "curate"]
+        assert sorted(r.data.tags["coa.stage"] for r in group) == sorted(lock["stages"])
     for run in by_id["second-run"]:
         tags, metrics = run.data.tags, run.data.metrics
         assert len(tags["coa.git_commit"]) == 40 and run.info.status == "FINISHED"
@@ -128,7 +139,6 @@ def test_forced_rerun_is_byte_identical_and_lineage_is_logged(smoke_repo):
         deps = {k for k in tags if k.startswith("coa.dep.")}
         assert f"coa.dep.stages/{tags['coa.stage']}.py" in deps
     base = next(r for r in by_id["second-run"] if r.data.tags["coa.stage"] == "base")
-    lock = yaml.safe_load((smoke_repo / "dvc.lock").read_text())
     tasks_md5 = next(o["md5"] for o in lock["stages"]["curate"]["outs"] if o["path"] == "data/tasks.parquet")
     assert base.data.tags["coa.dep.data/tasks.parquet"] == tasks_md5
     assert base.data.params["base.kind"] == "tiny"

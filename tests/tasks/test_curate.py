@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from coa.tasks.curate import curate, dedupe_key, hash_split, normalise_text
+from coa.tasks.curate import SourceRows, curate, dedupe_key, hash_split, normalise_text
 
 SPLITS = {"sft": 0.6, "rl": 0.25, "eval": 0.15}
 
@@ -10,8 +10,9 @@ def row(task_id, question, domain="web", split="sft", answers=("x",), tests=()):
             "tests": list(tests), "source": "s", "split": split, "meta": "{}"}
 
 
-def run(*sources):
-    return curate(list(sources), seed=1, splits=SPLITS, min_code_tests=5, max_question_chars=100)
+def run(*sources, ngram=13):
+    srcs = [s if isinstance(s, SourceRows) else SourceRows(s[0], s[1], s[2]) for s in sources]
+    return curate(srcs, seed=1, splits=SPLITS, min_code_tests=5, max_question_chars=200, decontaminate_ngram=ngram)
 
 
 def test_normalise_and_dedupe_key():
@@ -21,19 +22,19 @@ def test_normalise_and_dedupe_key():
 
 def test_counts_reconcile_and_reasons_are_recorded():
     a = [row("a1", "Who founded Acme?"), row("a2", "who founded ACME"), row("a3", ""),
-         row("a4", "Write f", domain="code", tests=["assert f()"] * 2), row("a5", "q" * 101),
+         row("a4", "Write f", domain="code", tests=["assert f()"] * 2), row("a5", "q" * 201),
          row("a6", "Where?", answers=["", " "]), row("a7", "What?", domain="chem")]
     b = [row("a1", "Another question"), row("b2", "Who founded Acme?", split="eval"),
          {"task_id": "b3", "question": "no domain"}]
     out = run(("A", a, []), ("B", b, []))
     c = out.counts
     assert c["in"] == 10 and c["kept"] == 1
-    assert c["in"] == c["kept"] + c["rejected"] + c["duplicates"]
+    assert c["in"] == c["kept"] + c["rejected"] + c["duplicates"] + c["contaminated"]
     assert c["source/A/duplicates"] == 1 and c["source/B/duplicates"] == 1
     assert len(out.rejects) == c["rejected"] + c["duplicates"]
     reasons = " | ".join(r for _, r in out.rejects)
     for expected in ("duplicate question of a1", "empty question", "under curate.min_code_tests=5",
-                     "over curate.max_question_chars=100", "no non-empty answer", "domain 'chem'",
+                     "over curate.max_question_chars=200", "no non-empty answer", "domain 'chem'",
                      "task_id 'a1' already used", "missing fields: domain"):
         assert expected in reasons
     assert [t["task_id"] for t in out.tasks] == ["a1"]
@@ -61,3 +62,28 @@ def test_duplicate_documents_are_rejected_not_lost():
     out = run(("A", [], docs))
     assert [d["doc_id"] for d in out.documents] == ["d3"]
     assert out.counts["documents/in"] == 3 == out.counts["documents/kept"] + out.counts["documents/rejected"]
+
+
+LONG = "In which year did the famous explorer who mapped the northern coast of the island finally return home"
+
+
+def test_training_rows_overlapping_another_sources_eval_question_are_removed():
+    bench = SourceRows("bench", [row("b1", LONG + "?", split="eval")])
+    train = SourceRows("train", [row("t1", "Quiz: " + LONG + " after the war?", split="sft"),
+                                 row("t2", "Completely different question here?", split="rl")],
+                       rejects=[({"x": 1}, "file.jsonl record 3: empty answer")])
+    out = run(bench, train)
+    c = out.counts
+    assert [t["task_id"] for t in out.tasks] == ["b1", "t2"]
+    assert c["source/train/contaminated"] == 1 and c["source/train/rejected"] == 1 and c["source/train/in"] == 3
+    assert c["in"] == c["kept"] + c["rejected"] + c["duplicates"] + c["contaminated"] == 4
+    assert any("contaminated" in r and "13-word" in r for _, r in out.rejects)
+    assert "file.jsonl record 3: empty answer" in [r for _, r in out.rejects]
+    assert run(bench, train, ngram=0).counts["contaminated"] == 0
+
+
+def test_a_generated_world_is_not_decontaminated_against_its_own_eval_split():
+    world = [row("w1", LONG + " in spring?", split="eval"), row("w2", LONG + " in autumn?", split="sft")]
+    out = run(SourceRows("world:x", world, generated=True))
+    assert [t["task_id"] for t in out.tasks] == ["w1", "w2"]
+    assert run(SourceRows("world:x", world)).counts["contaminated"] == 1

@@ -1,0 +1,140 @@
+"""web_search: BM25 over the local corpus (bm25s), or a real search API over HTTP at paper scale.
+
+    index = BM25Index.build(doc_ids, urls, titles, texts)   # the index stage
+    index.save("data/index"); index = BM25Index.load("data/index")
+    print(format_results("founder of Orvane Labs", index.search("founder of Orvane Labs", k=5)))
+
+Results are formatted like the reference: a `## Web Results` header, then numbered entries with
+title, URL and a snippet (the passage of the page that best matches the query).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import bm25s
+import numpy as np
+from bm25s.tokenization import Tokenizer
+
+META_FILE = "docs.json"
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_WORD = re.compile(r"\w\w+", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    title: str
+    url: str
+    snippet: str
+    score: float
+
+
+def snippet(text: str, query: str, max_chars: int) -> str:
+    """The run of sentences of `text` that shares the most words with `query`, up to max_chars."""
+    words = {w.lower() for w in _WORD.findall(query)}
+    sentences = _SENTENCE.split(text.strip())
+    if not sentences:
+        return ""
+    overlap = [len(words & {w.lower() for w in _WORD.findall(s)}) for s in sentences]
+    best = int(np.argmax(overlap))
+    out = sentences[best]
+    for nxt in sentences[best + 1 :]:  # extend forwards while it fits
+        if len(out) + 1 + len(nxt) > max_chars:
+            break
+        out += " " + nxt
+    return out if len(out) <= max_chars else out[: max_chars - 3].rstrip() + "..."
+
+
+class BM25Index:
+    """A BM25 (Lucene variant) index over documents, with their titles, URLs and texts for snippets."""
+
+    def __init__(self, retriever: bm25s.BM25, tokenizer: Tokenizer, titles: list[str], urls: list[str],
+                 texts: list[str]) -> None:
+        self.retriever, self.tokenizer = retriever, tokenizer
+        self.titles, self.urls, self.texts = titles, urls, texts
+
+    @classmethod
+    def build(cls, titles: list[str], urls: list[str], texts: list[str], k1: float = 1.5, b: float = 0.75) -> BM25Index:
+        tokenizer = Tokenizer(stopwords="en", lower=True)
+        tokenized = tokenizer.tokenize([f"{t}\n{x}" for t, x in zip(titles, texts, strict=True)],
+                                       show_progress=False, return_as="tuple")  # ids + the word vocabulary
+        retriever = bm25s.BM25(k1=k1, b=b)
+        retriever.index(tokenized, show_progress=False)
+        return cls(retriever, tokenizer, list(titles), list(urls), list(texts))
+
+    def save(self, out_dir: str | Path) -> None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.retriever.save(out_dir, show_progress=False)
+        self.tokenizer.save_vocab(out_dir)
+        self.tokenizer.save_stopwords(out_dir)
+        meta = {"titles": self.titles, "urls": self.urls, "texts": self.texts}
+        (out_dir / META_FILE).write_text(json.dumps(meta, ensure_ascii=False))
+
+    @classmethod
+    def load(cls, index_dir: str | Path) -> BM25Index:
+        index_dir = Path(index_dir)
+        if not (index_dir / META_FILE).exists():
+            raise FileNotFoundError(f"{index_dir}: no search index here; build it with `dvc repro index`")
+        retriever = bm25s.BM25.load(index_dir, show_progress=False)
+        tokenizer = Tokenizer(stopwords="en", lower=True)
+        tokenizer.load_vocab(index_dir)
+        tokenizer.load_stopwords(index_dir)
+        meta = json.loads((index_dir / META_FILE).read_text())
+        return cls(retriever, tokenizer, meta["titles"], meta["urls"], meta["texts"])
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def search(self, query: str, k: int = 5, snippet_chars: int = 240) -> list[SearchHit]:
+        """Top-k documents for `query`; [] when no query word is in the index."""
+        ids = self.tokenizer.tokenize([query], update_vocab=False, show_progress=False, return_as="ids")
+        if not ids or not ids[0]:
+            return []
+        k = min(k, len(self))
+        docs, scores = self.retriever.retrieve(ids, k=k, show_progress=False, n_threads=1)
+        hits = []
+        for doc, score in zip(docs[0], scores[0], strict=True):
+            if score <= 0:
+                continue
+            i = int(doc)
+            hits.append(SearchHit(self.titles[i], self.urls[i], snippet(self.texts[i], query, snippet_chars),
+                                  float(score)))
+        return hits
+
+
+class HttpSearch:
+    """A search API over HTTP (Serper-compatible: POST {"q": query, "num": k} -> {"organic": [...]}).
+
+    The key comes from the environment variable named in params, never from a file in the repo.
+    """
+
+    def __init__(self, url: str, api_key_env: str, timeout_s: float = 20.0) -> None:
+        key = os.environ.get(api_key_env, "")
+        if not key:
+            raise RuntimeError(f"search provider http needs an API key in the environment variable {api_key_env}")
+        self.url, self.key, self.timeout_s = url, key, timeout_s
+
+    def search(self, query: str, k: int = 5, snippet_chars: int = 240) -> list[SearchHit]:
+        body = json.dumps({"q": query, "num": k}).encode()
+        req = urllib.request.Request(self.url, data=body, method="POST",
+                                     headers={"X-API-KEY": self.key, "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            data = json.loads(resp.read().decode())
+        return [SearchHit(str(r.get("title", "")), str(r.get("link", "")), str(r.get("snippet", ""))[:snippet_chars],
+                          float(-i)) for i, r in enumerate(data.get("organic", [])[:k])]
+
+
+def format_results(query: str, hits: list[SearchHit]) -> str:
+    """The observation text of one search, in the reference's layout."""
+    if not hits:
+        return f"## Web Results\nNo results found for '{query}'. Try different keywords."
+    lines = ["## Web Results"]
+    for i, hit in enumerate(hits, 1):
+        lines.append(f"{i}. [{hit.title}]({hit.url})\n{hit.snippet}")
+    return "\n\n".join(lines)

@@ -1,0 +1,300 @@
+"""The Python sandbox: normal behaviour, and hostile code contained with the caller unharmed.
+
+Every test also checks (autouse fixture) that no process of uid 65534 and no scratch dir is left
+behind.  The tests run as root (here and in CI), the primary and fully isolated configuration.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import resource
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from coa.tools import sandbox
+from coa.tools.sandbox import NOBODY, SandboxLimits, run_python
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hostile-code tests need root (privilege drop)")
+
+FAST = SandboxLimits(wall_time_s=2.0, cpu_time_s=2)
+
+
+def _nobody_pids() -> list[int]:
+    pids = []
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and os.stat(f"/proc/{p}").st_uid == NOBODY:
+                pids.append(int(p))
+        except OSError:
+            pass
+    return pids
+
+
+def _scratch_dirs() -> set[str]:
+    return {p.name for p in Path("/tmp").glob("coa-sandbox-*")}
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    before = _scratch_dirs()
+    yield
+    deadline = time.monotonic() + 2.0  # other sessions' sandboxes may briefly run too
+    while _nobody_pids() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _nobody_pids() == []
+    assert _scratch_dirs() - before == set()
+
+
+# --- normal behaviour -------------------------------------------------------------------------
+
+
+def test_print_one():
+    assert run_python("print(1)") == "1\n"
+
+
+def test_stdin_is_passed():
+    assert run_python("import sys\nprint(sys.stdin.read().upper())", "hello\nworld") == "HELLO\nWORLD\n"
+
+
+def test_exception_shows_traceback_and_exit_code():
+    out = run_python("x = 1\nprint('before')\n1 / x * 0 / 0")
+    assert out.startswith("before\nTraceback (most recent call last):")
+    assert "ZeroDivisionError: float division by zero" in out
+    assert out.endswith("[exit code 1]")
+    assert run_python("import sys\nsys.exit(3)") == "[exit code 3]"
+
+
+def test_empty_output():
+    assert run_python("x = 1") == "(no output)"
+
+
+def test_stdout_and_stderr_are_merged_in_order():
+    code = "import sys\nprint('a')\nprint('b', file=sys.stderr)\nprint('c')"
+    assert run_python(code) == "a\nb\nc\n"
+
+
+def test_scratch_dir_is_a_private_cwd_removed_afterwards():
+    code = (
+        "import os, stat\n"
+        "open('note.txt', 'w').write('hi')\n"
+        "st = os.stat('.')\n"
+        "print(os.getcwd(), oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid)\n"
+        "print(sorted(os.listdir('.')), open('note.txt').read())"
+    )
+    first, second = run_python(code).splitlines()
+    cwd, mode, uid, gid = first.split()
+    assert cwd.startswith("/tmp/coa-sandbox-") and (mode, uid, gid) == ("0o700", str(NOBODY), str(NOBODY))
+    assert second == "['main.py', 'note.txt'] hi"
+    assert not os.path.exists(cwd)
+    assert run_python("import os\nprint(os.path.exists('note.txt'))") == "False\n"  # fresh every call
+
+
+def test_environment_is_fixed_and_hashing_deterministic():
+    out = run_python("import os\nprint(sorted(os.environ), os.environ['PYTHONHASHSEED'], hash('abc'))")
+    keys, seed = out.split("] ")[0] + "]", out.split("] ")[1].split()[0]
+    assert eval(keys) == sorted(
+        ["PATH", "HOME", "TMPDIR", "LANG", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING"]
+        + ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"]
+    )
+    assert seed == "0"
+    assert run_python("print(hash('abc'))") == run_python("print(hash('abc'))")
+
+
+def test_concurrent_calls_are_independent():
+    code = "import os, sys\nopen('mine', 'w').write(sys.stdin.read())\nprint(sorted(os.listdir('.')), open('mine').read())"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda i: run_python(code, str(i)), range(8)))
+    assert results == [f"['main.py', 'mine'] {i}\n" for i in range(8)]
+
+
+# --- hostile code -------------------------------------------------------------------------------
+
+
+def test_fork_bomb_is_contained():
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    start = time.monotonic()
+    out = run_python(code, limits=FAST)
+    assert time.monotonic() - start < FAST.wall_time_s + 1.5
+    assert out.startswith("TimeoutError")
+    assert run_python("print(1)") == "1\n"
+
+
+def test_fork_bomb_hits_the_process_limit():
+    code = "import os\nfor _ in range(1000):\n    os.fork()"
+    out = run_python(code, limits=FAST)
+    assert "Resource temporarily unavailable" in out
+
+
+def test_background_processes_die_with_the_program():
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(100)\nprint('parent done')"
+    start = time.monotonic()
+    assert run_python(code) == "parent done\n"
+    assert time.monotonic() - start < 1.0  # and the fixture finds no survivor
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))", "x = [0] * 10**10"],
+    ids=["bytearray-loop", "huge-list"],
+)
+def test_memory_bomb_gives_memory_error(code):
+    out = run_python(code, limits=SandboxLimits(memory_mb=256))
+    assert "MemoryError" in out and "[exit code 1; memory limit 256 MB]" in out
+
+
+def test_infinite_loop_hits_wall_time():
+    start = time.monotonic()
+    out = run_python("while True:\n    pass", limits=SandboxLimits(wall_time_s=1.5))
+    assert time.monotonic() - start < 1.5 + 1.0
+    assert out == "TimeoutError: execution exceeded 1.5 s wall time"
+
+
+@pytest.mark.slow
+def test_infinite_loop_with_default_limits():
+    start = time.monotonic()
+    out = run_python("while True:\n    pass")
+    elapsed = time.monotonic() - start
+    assert elapsed < SandboxLimits().wall_time_s + 1.0, elapsed
+    # Both limits are 5 s; under load the CPU limit may fire a moment before the wall clock.
+    assert out in (
+        "TimeoutError: execution exceeded 5.0 s wall time",
+        "TimeoutError: execution exceeded 5 s CPU time",
+    )
+
+
+def test_infinite_loop_hits_cpu_time():
+    start = time.monotonic()
+    out = run_python("while True:\n    pass", limits=SandboxLimits(wall_time_s=10, cpu_time_s=1))
+    assert time.monotonic() - start < 3.0
+    assert out == "TimeoutError: execution exceeded 1 s CPU time"
+
+
+def test_ignoring_sigxcpu_still_hits_the_hard_cpu_limit():
+    code = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
+    out = run_python(code, limits=SandboxLimits(wall_time_s=10, cpu_time_s=1))
+    assert out == "TimeoutError: execution exceeded 1 s CPU time"
+
+
+@pytest.mark.parametrize("path", ["big.bin", "/tmp/big.bin", "/dev/shm/big.bin"])
+def test_disk_fill_hits_file_size_limit(path):
+    out = run_python(f"with open({path!r}, 'wb') as f:\n    while True:\n        f.write(b'x' * 2**20)")
+    assert "File too large" in out and "[exit code 1" in out
+    assert not os.path.exists(path) or not path.startswith("/")
+
+
+def test_disk_fill_with_many_files_hits_tmpfs_size():
+    code = "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * 2**20)\n    i += 1"
+    out = run_python(code, limits=SandboxLimits(disk_mb=8))
+    assert "No space left on device" in out
+
+
+def test_network_to_loopback_is_unreachable():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')"
+        out = run_python(code)
+        assert "connected\n" not in out and "OSError" in out
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def test_parent_environment_secrets_are_invisible(monkeypatch):
+    monkeypatch.setenv("COA_TEST_SECRET", "s3cr3t")
+    code = (
+        "import os\nprint(dict(os.environ))\n"
+        f"for pid in ({os.getpid()}, os.getppid(), 1):\n"
+        "    try:\n        print(open(f'/proc/{pid}/environ', 'rb').read())\n"
+        "    except OSError as e:\n        print(type(e).__name__)"
+    )
+    out = run_python(code)
+    assert "s3cr3t" not in out and "COA_TEST_SECRET" not in out
+    assert "PermissionError" in out  # pid 1 (the root supervisor) exists but is unreadable
+
+
+def test_files_outside_the_scratch_dir_are_out_of_reach(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    secret.chmod(0o600)
+    victim_dir = tmp_path / "owned"
+    victim_dir.mkdir()
+    code = (
+        "import os\n"
+        f"for path in ({str(secret)!r}, '/etc/shadow', '/root/.bashrc', {str(sandbox.PROJECT_ROOT / 'pyproject.toml')!r}):\n"
+        "    try:\n        print('READ', open(path).read()[:20])\n"
+        "    except OSError as e:\n        print(type(e).__name__)\n"
+        f"for path in ({str(secret)!r}, {str(victim_dir / 'x')!r}, '/etc/coa-sandbox-test', '/var/lib/x'):\n"
+        "    try:\n        open(path, 'w').write('pwned')\n        print('WROTE', path)\n"
+        "    except OSError as e:\n        print(type(e).__name__)"
+    )
+    out = run_python(code)
+    assert "READ" not in out and "WROTE" not in out
+    assert secret.read_text() == "top secret" and list(victim_dir.iterdir()) == []
+    assert not os.path.exists("/etc/coa-sandbox-test") and not os.path.exists("/var/lib/x")
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_signalling_the_caller_fails(sig):
+    code = (
+        "import os, signal\n"
+        f"for pid in ({os.getpid()}, os.getppid(), 1, -1):\n"
+        f"    try:\n        os.kill(pid, signal.{sig})\n        print('sent', pid)\n"
+        "    except OSError as e:\n        print(type(e).__name__)"
+    )
+    out = run_python(code)
+    assert f"sent {os.getpid()}" not in out
+    assert run_python("print(1)") == "1\n"  # we are alive and the sandbox still works
+
+
+def test_huge_output_is_capped_quickly_with_bounded_memory():
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    out = run_python("print('x' * 10**8)")
+    assert time.monotonic() - start < 3.0
+    assert out.startswith("x" * 1536 + "\n...[truncated: 1536 characters shown")
+    assert len(out) < 1536 + 200
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 64 * 1024  # KiB
+
+
+def test_long_output_shows_total():
+    out = run_python("print('y' * 5000)")
+    assert out == "y" * 1536 + "\n...[truncated: 1536 of 5001 characters shown]"
+
+
+def test_deep_recursion_is_reported():
+    code = "import sys\nsys.setrecursionlimit(10**6)\ndef f(n):\n    return f(n + 1)\nf(0)"
+    out = run_python(code)
+    assert any(s in out for s in ("RecursionError", "MemoryError", "SIGSEGV")), out
+
+
+def test_native_crash_is_reported():
+    assert (
+        run_python("import ctypes\nctypes.string_at(0)") == "[killed by signal SIGSEGV: Segmentation fault]"
+    )
+
+
+# --- reduced isolation (not root); simulated here as root -------------------------------------
+
+
+def test_user_namespace_fallback(monkeypatch):
+    prefix = (sandbox.UNSHARE, "--user", "--map-root-user", *sandbox._isolation().prefix[1:])
+    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user namespaces here")
+    monkeypatch.setattr(sandbox, "_isolation", lambda: sandbox._Isolation(prefix=prefix, drop=False))
+    assert run_python("print(1)") == "1\n"
+    assert "Network is unreachable" in run_python("import socket\nsocket.create_connection(('127.0.0.1', 9))")
+
+
+def test_no_namespace_fallback(monkeypatch):
+    monkeypatch.setattr(sandbox, "_isolation", lambda: sandbox._Isolation(prefix=(), drop=True))
+    out = run_python("import os\nprint(os.getuid(), os.getcwd())")
+    uid, cwd = out.split()
+    assert uid == str(NOBODY) and not os.path.exists(cwd)
+    assert run_python("while True:\n    pass", limits=SandboxLimits(wall_time_s=1)).startswith("TimeoutError")
