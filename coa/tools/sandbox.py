@@ -141,11 +141,13 @@ def main(argv):
     wall, cpu, mem_mb, nproc, fsize_mb, disk_mb, cap = (float(a) for a in argv[5:12])
     if namespaces:
         libc.mount(b"none", b"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)  # best effort
+        # hide first: a project checked out under /tmp is then covered twice, not looked up after /tmp is replaced
+        for d in argv[12:]:
+            if os.path.isdir(d):
+                mount_tmpfs(d, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
         for d in ("/tmp", "/var/tmp", "/dev/shm"):
             if os.path.isdir(d):
                 mount_tmpfs(d, MS_NOSUID | MS_NODEV, f"size={int(disk_mb)}m,mode=1777")
-        for d in argv[12:]:
-            mount_tmpfs(d, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
         os.mkdir(scratch, 0o700)
     elif not drop:  # the current user's own uid: its existing tasks count towards the limit
         nproc += tasks_of(os.getuid())

@@ -298,3 +298,13 @@ def test_no_namespace_fallback(monkeypatch):
     uid, cwd = out.split()
     assert uid == str(NOBODY) and not os.path.exists(cwd)
     assert run_python("while True:\n    pass", limits=SandboxLimits(wall_time_s=1)).startswith("TimeoutError")
+
+
+def test_a_project_checked_out_under_tmp_is_hidden_and_runs(tmp_path, monkeypatch):
+    """CI clones the project under /tmp: hiding it must not break the private /tmp mount."""
+    project = tmp_path / "checkout"
+    project.mkdir()
+    (project / "answers.txt").write_text("gold")
+    monkeypatch.setattr(sandbox, "PROJECT_ROOT", project)
+    out = run_python(f"import os\nprint(os.path.exists({str(project / 'answers.txt')!r}))")
+    assert out.strip() == "False"
