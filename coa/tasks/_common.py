@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Mapping, Sequence
+
+from coa.tasks.decontaminate import words
 
 TASK_KEYS = ("task_id", "domain", "question", "answers", "tests", "source", "split", "meta")
 
@@ -86,8 +87,8 @@ def make_task(
 
 
 def normalise_question(text: str) -> str:
-    """Lower-case, drop punctuation and collapse whitespace (for duplicate detection)."""
-    return " ".join(re.sub(r"[^0-9a-z]+", " ", text.lower()).split())
+    """The duplicate-detection key, the same one curate dedupes by."""
+    return " ".join(words(text))
 
 
 def number_aliases(value: int, words: bool = True) -> list[str]:
