@@ -8,13 +8,15 @@ For each of curate and base: `dvc repro -f -s STAGE` twice; prints each run's wa
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from stages._stage import md5_path  # noqa: E402  (the hash the stages tag MLflow runs with)
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 60.0
@@ -25,20 +27,11 @@ def outs(stage: str) -> list[Path]:
     return [ROOT / o for o in spec.get("outs", [])]
 
 
-def tree_md5(path: Path) -> str:
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    h = hashlib.md5()
-    for f in files:
-        h.update(f.relative_to(path.parent).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
-
-
 def run(stage: str) -> tuple[float, dict[str, str]]:
     start = time.perf_counter()
     subprocess.run(["dvc", "repro", "-f", "-s", stage], cwd=ROOT, check=True, capture_output=True)
     wall = time.perf_counter() - start
-    return wall, {str(p.relative_to(ROOT)): tree_md5(p) for p in outs(stage)}
+    return wall, {str(p.relative_to(ROOT)): md5_path(p) for p in outs(stage)}
 
 
 def main() -> int:

@@ -421,3 +421,10 @@ def format_code(source: str) -> str:
 def crawl_urls(content: str) -> list[str]:
     """The URLs of a ``<crawl_page>`` body: split on ``|``, stripped, empties dropped."""
     return [url.strip() for url in content.split("|") if url.strip()]
+
+
+def truncate(text: str, max_chars: int) -> str:
+    """Cap an observation at max_chars with the visible marker agents learn to read."""
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"\n...[truncated: {max_chars} of {len(text)} characters shown]"

@@ -49,7 +49,7 @@ def _md5_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _md5_path(path: Path) -> str:
+def md5_path(path: Path) -> str:
     """md5 of a file; for a folder, md5 over its sorted (relative path, md5) list plus '.dir'."""
     if path.is_file():
         return _md5_file(path)
@@ -89,7 +89,7 @@ def dep_hashes(stage: str, raw_params: dict[str, Any], root: Path = Path(".")) -
         if path in locked:
             hashes[path] = locked[path]
         elif (root / path).exists():
-            hashes[path] = _md5_path(root / path)
+            hashes[path] = md5_path(root / path)
     return hashes
 
 

@@ -18,18 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from coa.format import code_source, crawl_urls
+from coa.format import truncate as cap
 from coa.tools.sandbox import SandboxLimits, run_python
 from coa.tools.search import BM25Index, HttpSearch, format_results
 
 Tool = Callable[[str], str]
 __all__ = ["Tool", "ToolSession", "build_tools", "cap", "crawl_tool", "run_python", "search_tool"]
-
-
-def cap(text: str, max_chars: int) -> str:
-    """Cap an observation at max_chars with a visible truncation marker."""
-    if len(text) <= max_chars:
-        return text
-    return text[:max_chars] + f"\n...[truncated: {max_chars} of {len(text)} characters shown]"
 
 
 def search_tool(engine: BM25Index | HttpSearch, top_k: int, snippet_chars: int) -> Tool:

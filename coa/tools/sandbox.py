@@ -40,6 +40,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from coa.format import truncate
+
 log = logging.getLogger(__name__)
 
 NOBODY = 65534  # uid and gid of nobody/nogroup
@@ -393,8 +395,8 @@ def _observation(out: bytes, status: dict[str, str], limits: SandboxLimits, byte
     if status.get("reason") == "output":
         shown = min(len(text), cap)
         text = f"{text[:cap]}\n...[truncated: {shown} characters shown; the program wrote more than {byte_cap} bytes and was stopped]"
-    elif len(text) > cap:
-        text = f"{text[:cap]}\n...[truncated: {cap} of {len(text)} characters shown]"
+    else:
+        text = truncate(text, cap)
     note = _ending(status, limits, text)
     if not note:
         return text or "(no output)"
