@@ -200,11 +200,90 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
+class TeacherConfig:
+    backend: Literal["offline", "openai"] = _help(
+        "offline: the rule-based team (no model, the embedded default); openai: every agent is an LLM behind "
+        "an OpenAI-compatible chat endpoint (vLLM's server, SGLang or a hosted API).")
+    base_url: str = _help("backend=openai: the endpoint, e.g. http://127.0.0.1:8000/v1.")
+    model: str = _help("backend=openai: the served model name.")
+    api_key_env: str = _help("backend=openai: the environment variable holding the API key (unset = no key).")
+    temperature: float = _help("backend=openai: sampling temperature of every agent.")
+    max_tokens: int = _help("backend=openai: longest reply per agent call.")
+    timeout_s: float = _help("backend=openai: per-request timeout.")
+    max_retries: int = _help("backend=openai: retries (exponential backoff) on 429, 5xx, timeouts.")
+    max_concurrency: int = _help("backend=openai: requests in flight at once.")
+
+    def __post_init__(self) -> None:
+        _require(self.max_tokens >= 1, "distill.teacher.max_tokens", "must be >= 1")
+        _require(self.timeout_s > 0, "distill.teacher.timeout_s", "must be > 0")
+        _require(self.max_retries >= 0, "distill.teacher.max_retries", "must be >= 0")
+        _require(self.max_concurrency >= 1, "distill.teacher.max_concurrency", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class OfflineStyleConfig:
+    p_direct: float = _help("Planner: chance of trying one direct search first (often wrong; then corrected).")
+    p_snippet: float = _help("Searcher: chance of taking a fact from the encyclopedia snippet, not the page.")
+    p_check_forum: float = _help("Searcher: chance of opening a forum/blog hit that contradicts the encyclopedia.")
+    p_critic_catch: float = _help("Critic: chance of grading a direct-search shortcut poor at once.")
+    p_lenient: float = _help("Verifier: chance of accepting an unverified snippet answer (a teacher mistake).")
+    p_slip: float = _help("Coder: chance of a flawed first draft that the run exposes.")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _require(0 <= getattr(self, f.name) <= 1, f"distill.offline.{f.name}", "must be a probability in [0, 1]")
+
+
+@dataclass(frozen=True)
+class TeamLimitsConfig:
+    max_replans: int = _help("Re-plans after a poor reflection or a double-check score <= 2.")
+    max_tool_calls: int = _help("Tool calls per task, all agents together.")
+    max_worker_turns: int = _help("Search/code agent calls per round.")
+
+    def __post_init__(self) -> None:
+        for name in ("max_tool_calls", "max_worker_turns"):
+            _require(getattr(self, name) >= 1, f"distill.limits.{name}", "must be >= 1")
+        _require(self.max_replans >= 0, "distill.limits.max_replans", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class DistillFiltersConfig:
+    require_correct: bool = _help("Keep only trajectories whose answer passes coa.rewards.check.")
+    min_tool_calls: dict[str, int] = _help("Fewest tool calls a kept trajectory makes, per domain (paper: 5).")
+    web_requires_reflection: bool = _help("Drop web trajectories without a <reflection>.")
+    drop_malformed: bool = _help("Drop trajectories that fail coa.format.parse or check_transitions.")
+    self_corrected_weight: float = _help(
+        "Sample weight of trajectories where the team doubted itself and re-planned (upsampling); others 1.")
+
+    def __post_init__(self) -> None:
+        _require(set(self.min_tool_calls) == {"web", "math", "code"}, "distill.filters.min_tool_calls",
+                 "needs exactly the keys web, math and code")
+        _require(self.self_corrected_weight >= 1, "distill.filters.self_corrected_weight", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    splits: list[str] = _help("Which task splits the teacher runs on (the paper distils its SFT data).")
+    max_tasks: int = _help("Cap on tasks (0 = all), taken in task_id order.")
+    workers: int = _help("Tasks run concurrently (threads; tools and HTTP release the GIL).")
+    teacher: TeacherConfig = _help("The team's backend.")
+    offline: OfflineStyleConfig = _help("backend=offline: how the rule-based agents behave.")
+    limits: TeamLimitsConfig = _help("Budgets of one team run.")
+    filters: DistillFiltersConfig = _help("The SFT filters; each one's drops are counted in metrics/distill.json.")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "distill.splits", f"must be a non-empty subset of {list(SPLITS)}")
+        _require(self.max_tasks >= 0, "distill.max_tasks", "must be >= 0 (0 = all)")
+        _require(self.workers >= 1, "distill.workers", "must be >= 1")
+
+
+@dataclass(frozen=True)
 class Params:
     common: CommonConfig = _help("Shared by every stage.")
     curate: CurateConfig = _help("The curate stage.")
     base: BaseConfig = _help("The base stage.")
     index: IndexConfig = _help("The index stage.")
+    distill: DistillConfig = _help("The distill stage.")
 
     def section(self, name: str) -> Any:
         return getattr(self, name)

@@ -6,6 +6,17 @@
 `coa.io.read_table` / `write_table` apply them whenever an artifact is read or written.
 """
 
-from schemas.artifacts import DOCUMENT_DTYPES, TASK_DTYPES, Document, Reject, Task
+from schemas.artifacts import (
+    DOCUMENT_DTYPES,
+    TASK_DTYPES,
+    TRAJECTORY_DTYPES,
+    TRANSCRIPT_DTYPES,
+    Document,
+    Reject,
+    Task,
+    Trajectory,
+    Transcript,
+)
 
-__all__ = ["DOCUMENT_DTYPES", "TASK_DTYPES", "Document", "Reject", "Task"]
+__all__ = ["DOCUMENT_DTYPES", "TASK_DTYPES", "TRAJECTORY_DTYPES", "TRANSCRIPT_DTYPES", "Document", "Reject", "Task",
+           "Trajectory", "Transcript"]

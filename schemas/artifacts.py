@@ -62,3 +62,63 @@ class Reject(pa.DataFrameModel):
 
     class Config:
         strict = True
+
+
+MESSAGE_DTYPE = pl.Struct({"sender": pl.Utf8, "receiver": pl.Utf8, "role": pl.Utf8, "content": pl.Utf8,
+                           "tokens": pl.Int64})
+CALL_DTYPE = pl.Struct({"agent": pl.Utf8, "input_tokens": pl.Int64, "output_tokens": pl.Int64,
+                        "api_prompt_tokens": pl.Int64, "api_completion_tokens": pl.Int64})
+TRANSCRIPT_DTYPES = {"task_id": pl.Utf8, "domain": pl.Utf8, "question": pl.Utf8, "messages": pl.List(MESSAGE_DTYPE),
+                     "calls": pl.List(CALL_DTYPE), "answer": pl.Utf8, "correct": pl.Boolean, "f1": pl.Float64,
+                     "teacher_tokens": pl.Int64, "api_tokens": pl.Int64, "tool_calls": pl.Int64, "error": pl.Utf8,
+                     "seed": pl.Int64}
+TRAJECTORY_DTYPES = {"task_id": pl.Utf8, "domain": pl.Utf8, "system": pl.Utf8, "prompt": pl.Utf8,
+                     "trajectory": pl.Utf8, "answer": pl.Utf8, "correct": pl.Boolean, "n_tool_calls": pl.Int64,
+                     "has_reflection": pl.Boolean, "self_corrected": pl.Boolean, "changed_course": pl.Boolean,
+                     "weight": pl.Float64, "teacher_tokens": pl.Int64, "teacher_tool_calls": pl.Int64}
+
+
+class Transcript(pa.DataFrameModel):
+    """`data/transcripts.parquet`: one teacher-team run per task, every message and agent call (distill)."""
+
+    task_id: str = pa.Field(unique=True, description="The task the team ran on")
+    domain: str = pa.Field(isin=list(DOMAINS))
+    question: str = pa.Field(description="What the team was asked (all it saw besides the tools)")
+    messages: pl.List(MESSAGE_DTYPE) = pa.Field(
+        description="Every message in order: sender, receiver, role (a trajectory tag, task, context or result), "
+                    "content, tokens (policy tokenizer)")
+    calls: pl.List(CALL_DTYPE) = pa.Field(
+        description="Every agent call: input tokens (its whole context), output tokens, API-reported usage if any")
+    answer: str = pa.Field(nullable=True, description="The team's final answer; null if it gave none")
+    correct: bool = pa.Field(description="coa.rewards.check on the answer")
+    f1: float = pa.Field(ge=0, le=1, description="Web: token F1 against the gold aliases (0 for math/code)")
+    teacher_tokens: int = pa.Field(ge=0, description="Billed tokens: input + output over all agent calls")
+    api_tokens: int = pa.Field(nullable=True, description="Tokens the backend reported, null if none")
+    tool_calls: int = pa.Field(ge=0, description="Tool calls by all agents")
+    error: str = pa.Field(nullable=True, description="Why the run ended abnormally, null if it did not")
+    seed: int = pa.Field(description="The team's RNG seed (derive_seed(common.seed, 'distill', task_id))")
+
+    class Config:
+        strict = True
+
+
+class Trajectory(pa.DataFrameModel):
+    """`data/trajectories.parquet`: kept chain-of-agents trajectories, the SFT data (distill)."""
+
+    task_id: str = pa.Field(unique=True)
+    domain: str = pa.Field(isin=list(DOMAINS))
+    system: str = pa.Field(description="coa.prompts.system_prompt(domain)")
+    prompt: str = pa.Field(str_length={"min_value": 1}, description="The user turn: the question")
+    trajectory: str = pa.Field(str_length={"min_value": 1}, description="The whole CoA response; parses with coa.format")
+    answer: str = pa.Field(description="The <answer> content")
+    correct: bool = pa.Field(description="coa.rewards.check on the answer")
+    n_tool_calls: int = pa.Field(ge=0)
+    has_reflection: bool = pa.Field()
+    self_corrected: bool = pa.Field(description="Doubted (poor reflection or double_check <= 2), then re-planned")
+    changed_course: bool = pa.Field(description="A poor reflection, a new plan, a final answer unlike an earlier suggestion")
+    weight: float = pa.Field(ge=0, description="Sample weight in SFT (self-corrected ones upsampled)")
+    teacher_tokens: int = pa.Field(ge=0, description="What the teacher team billed on this task")
+    teacher_tool_calls: int = pa.Field(ge=0, description="The teacher team's tool calls on this task")
+
+    class Config:
+        strict = True

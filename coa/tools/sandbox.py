@@ -10,7 +10,7 @@ by the operating system, never by patching Python inside the sandbox:
 * **A supervisor** (:data:`_SUPERVISOR`, a small root Python script, pid 1 of those namespaces)
   makes ``/`` read-only, mounts private tmpfs (``disk_mb`` each) on ``/tmp``, ``/var/tmp`` and
   ``/dev/shm``, hides :data:`HIDDEN_DIRS` and this project behind empty read-only tmpfs, creates
-  the scratch dir ``/tmp/coa-sandbox-*`` (mode 0700, uid 65534) and forks the program.  It
+  the scratch dir ``/tmp/sandbox`` (mode 0700, uid 65534) and forks the program.  It
   enforces the wall time, forwards at most :data:`OUTPUT_BYTE_CAP` bytes of output (then kills
   the program) and reports how the program ended.
 * **The program** runs as uid/gid 65534 (nobody/nogroup) without supplementary groups or
@@ -36,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +57,7 @@ HIDDEN_DIRS = ("/root", "/home", "/run")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _STATUS_MARK = b"\n@@coa-sandbox-status\n"
+SCRATCH = "/tmp/sandbox"  # where the program runs, as it sees it
 
 
 @dataclass(frozen=True)
@@ -322,8 +322,9 @@ def _run(code: str, stdin: str, limits: SandboxLimits) -> str:
     iso = _isolation()
     python = limits.python or default_python()
     host_scratch = None if iso.prefix else tempfile.mkdtemp(prefix="coa-sandbox-")
-    # With namespaces the scratch dir is created on the sandbox's private /tmp tmpfs.
-    scratch = host_scratch or f"/tmp/coa-sandbox-{uuid.uuid4().hex[:12]}"
+    # With namespaces the scratch dir is created on the sandbox's private /tmp tmpfs, at a fixed path, so
+    # tracebacks (and the trajectories that show them) are the same on every run.
+    scratch = host_scratch or SCRATCH
     byte_cap = max(OUTPUT_BYTE_CAP, 4 * limits.max_output_chars)
     code_fd, stdin_fd = _memfd("coa-code", code), _memfd("coa-stdin", stdin)
     args = [
@@ -358,6 +359,8 @@ def _run(code: str, stdin: str, limits: SandboxLimits) -> str:
             proc.wait()
         if host_scratch:
             shutil.rmtree(host_scratch, ignore_errors=True)
+    if host_scratch:  # the fallback's scratch dir is random: show it at the fixed path
+        out = out.replace(host_scratch.encode(), SCRATCH.encode())
     return _observation(out, status, limits, byte_cap)
 
 

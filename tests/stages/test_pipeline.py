@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from coa.io import read_table
-from schemas import Document, Reject, Task
+from schemas import Document, Reject, Task, Trajectory, Transcript
 
 ROOT = Path(__file__).resolve().parents[2]
-TOP_LEVEL_SKIP = {".git", "data", "models", ".mlflow", ".pytest_cache", ".hypothesis", ".ruff_cache"}
+TOP_LEVEL_SKIP = {".git", "data", "models", ".mlflow", ".cache", ".pytest_cache", ".hypothesis", ".ruff_cache"}
 
 
 def ignore(directory: str, names: list[str]) -> set[str]:
@@ -42,10 +42,13 @@ SMOKE = {
     "base": {"reference": "none", "tokenizer": {"vocab_size": 1024, "min_frequency": 2},
              "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                       "num_key_value_heads": 1, "intermediate_size": 128}},
+    "distill": {"workers": 2},
 }
 DATA = ["data/tasks.parquet", "data/corpus.parquet", "data/rejects/curate.parquet",
         "models/base/model.safetensors", "models/base/tokenizer.json",
-        "data/index/docs.json", "data/index/data.csc.index.npy", "data/index/vocab.tokenizer.json"]
+        "data/index/docs.json", "data/index/data.csc.index.npy", "data/index/vocab.tokenizer.json",
+        "data/transcripts.parquet", "data/trajectories.parquet", "data/rejects/distill.parquet",
+        "data/export/sharegpt.jsonl"]
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -118,6 +121,7 @@ def test_dvc_repro_runs_every_stage(smoke_repo):
 @pytest.mark.slow
 def test_forced_rerun_is_byte_identical_and_lineage_is_logged(smoke_repo):
     first = digests(smoke_repo)
+    shutil.rmtree(smoke_repo / ".cache")  # the teacher really runs again
     sh(smoke_repo, "dvc", "repro", "-f", env={"COA_PIPELINE_RUN_ID": "second-run"})
     assert digests(smoke_repo) == first
 
@@ -155,3 +159,50 @@ def test_bad_params_fail_with_the_key_named(smoke_repo, tmp_path):
     assert proc.returncode == 2
     assert "curate.splits: fractions must sum to 1" in proc.stderr
     assert pl.read_parquet(smoke_repo / "data/tasks.parquet").height > 0
+
+
+@pytest.mark.slow
+def test_distill_outputs_reconcile_and_parse(smoke_repo):
+    from coa.format import check_transitions, parse
+
+    transcripts = read_table(smoke_repo / "data/transcripts.parquet", Transcript)
+    kept = read_table(smoke_repo / "data/trajectories.parquet", Trajectory)
+    rejects = read_table(smoke_repo / "data/rejects/distill.parquet", Reject)
+    m = yaml.safe_load((smoke_repo / "metrics/distill.json").read_text())
+    tasks = read_table(smoke_repo / "data/tasks.parquet", Task).filter(pl.col("split") == "sft")
+    assert transcripts.height == tasks.height == m["tasks"] == kept.height + rejects.height
+    assert m["kept"] == kept.height and sum(m[f"rejected_{f}"] for f in ("correct", "min_tool_calls",
+                                                                            "web_reflection", "malformed")) == rejects.height
+    for row in kept.iter_rows(named=True):
+        assert check_transitions(parse(row["trajectory"]), row["domain"]) == [] and row["correct"]
+    assert m["web.teacher_accuracy"] >= 0.8 and m["math.teacher_accuracy"] >= 0.8 and m["code.teacher_accuracy"] >= 0.7
+    assert (kept["weight"] > 1).sum() == kept["self_corrected"].sum() > 0
+    lines = (smoke_repo / "data/export/sharegpt.jsonl").read_text().splitlines()
+    assert len(lines) == kept.height
+
+
+@pytest.mark.slow
+def test_distill_resumes_after_an_interruption(smoke_repo, tmp_path):
+    import signal
+    import time
+
+    cmd = yaml.safe_load((smoke_repo / "dvc.yaml").read_text())["stages"]["distill"]["cmd"].split()
+    cmd[cmd.index("--cache") + 1] = str(tmp_path / "cache")
+    for flag in ("--transcripts", "--trajectories", "--rejects", "--export", "--metrics"):
+        cmd[cmd.index(flag) + 1] = str(tmp_path / Path(cmd[cmd.index(flag) + 1]).name)
+    env = {k: v for k, v in os.environ.items() if k != "COA_PIPELINE_RUN_ID"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    proc = subprocess.Popen(cmd, cwd=smoke_repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while len(list((tmp_path / "cache").glob("*.json"))) < 40 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(list((tmp_path / "cache").glob("*.json")))
+    assert done >= 40 and not (tmp_path / "metrics").exists() and not (tmp_path / "distill.json").exists()
+    sh(smoke_repo, *cmd)
+    m = yaml.safe_load((tmp_path / "distill.json").read_text())
+    assert m["resumed"] >= done and m["resumed"] < m["tasks"]  # what finished was not redone; the rest was
+    for name in ("trajectories.parquet", "transcripts.parquet"):  # and the result is the uninterrupted one
+        assert (tmp_path / name).read_bytes() == (smoke_repo / "data" / name).read_bytes()

@@ -88,7 +88,7 @@ def test_scratch_dir_is_a_private_cwd_removed_afterwards():
     )
     first, second = run_python(code).splitlines()
     cwd, mode, uid, gid = first.split()
-    assert cwd.startswith("/tmp/coa-sandbox-") and (mode, uid, gid) == ("0o700", str(NOBODY), str(NOBODY))
+    assert cwd == "/tmp/sandbox" and (mode, uid, gid) == ("0o700", str(NOBODY), str(NOBODY))
     assert second == "['main.py', 'note.txt'] hi"
     assert not os.path.exists(cwd)
     assert run_python("import os\nprint(os.path.exists('note.txt'))") == "False\n"  # fresh every call

@@ -1,0 +1,39 @@
+"""The one prompt builder: what the policy is shown for a task, in SFT, rollouts, filters and eval alike.
+
+    messages = build_messages(question, "web")    # [{"role": "system", ...}, {"role": "user", ...}]
+    system_prompt("math")
+
+The system text names the tools of the domain and the format's rules; the user turn is the question.
+"""
+
+from __future__ import annotations
+
+from coa.format import ALLOWED_TOOLS
+
+_TOOLS = {
+    "web_search": "<web_search>query</web_search> searches the web; results come back in <observation>.",
+    "crawl_page": "<crawl_page>url | url</crawl_page> reads pages; their text comes back in <observation>.",
+    "code": "<code>```python ...```</code> runs a Python program; its output comes back in <observation>.",
+}
+_FLOW = {
+    "web": ("Start with <plan>. Think in <think>, call tools, and grade your progress in <reflection> "
+            "(information conflict, tool effectiveness, trajectory monitoring: good, average or poor; any poor "
+            "means a new <plan>). Propose <suggested_answer>, check it in <double_check> with score: 1-4 "
+            "(3 or more: give <answer>; 2 or less: re-plan)."),
+    "math": ("Start with <plan>, then repeat <think>, <code>, <observation>, <reflection>; finish with <think> "
+             "and <answer> holding \\boxed{the number}."),
+    "code": ("Start with <plan>, then repeat <think>, <code>, <observation>, <reflection>; finish with <think> "
+             "and <answer> holding the complete function in a ```python fence."),
+}
+
+
+def system_prompt(domain: str) -> str:
+    if domain not in _FLOW:
+        raise ValueError(f"unknown domain {domain!r}; expected one of {sorted(_FLOW)}")
+    tools = "\n".join(f"- {_TOOLS[t]}" for t in ALLOWED_TOOLS[domain])
+    return f"You are an agent that solves tasks step by step with tools.\nTools:\n{tools}\n{_FLOW[domain]}"
+
+
+def build_messages(question: str, domain: str) -> list[dict[str, str]]:
+    """The chat messages of a task's prompt: the domain's system text and the question."""
+    return [{"role": "system", "content": system_prompt(domain)}, {"role": "user", "content": question}]

@@ -1,0 +1,303 @@
+"""The offline search agent's reading skills: parse a question into lookups, read search results and pages.
+
+    query = parse_question("Who founded the publisher of \\"The Zorn Tapes\\"?")
+    # Query(kind="chain", mentions=['"The Zorn Tapes"'], fields=["publisher", "founder"], ...)
+    value = extract(page_text, "founder", "Orvane Press")
+
+The agent knows English question shapes and encyclopedic sentence shapes, nothing about any
+particular world: every fact comes from what web_search and crawl_page return. Questions it cannot
+parse get a generic strategy (search the question, take the best-supported name), which is often wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# a capitalised name: words, an optional middle initial, "of" inside titles ("Harvest of Zorn")
+CAP = r"[A-Z][\w'-]*(?: [A-Z]\.)?(?: (?:of )?[A-Z][\w'-]*)*"
+YEAR = r"\d{3,4}"
+LABEL = CAP + r"(?: \([a-z ]+\))?"  # a page title may carry a namesake's occupation
+FIELDS = ("birthplace", "employer", "founder", "hq", "creator", "publisher", "birth_year", "founded", "country", "year")
+ENTITY_FIELDS = {"birthplace", "employer", "founder", "hq", "creator", "publisher"}
+DESCRIBE = {"birthplace": "birthplace", "employer": "employer", "founder": "founder", "hq": "headquarters city",
+            "creator": "creator", "publisher": "publisher", "birth_year": "birth year", "founded": "founding year",
+            "country": "country", "year": "release year"}
+QUERY_WORDS = {"birthplace": "born", "employer": "works for", "founder": "founder", "hq": "headquarters",
+               "creator": "creator", "publisher": "publisher", "birth_year": "born", "founded": "founded",
+               "country": "country", "year": "released"}
+
+# what a page says about field of name `{n}`: patterns tried in order, first group is the value
+_PATTERNS: dict[str, tuple[str, ...]] = {
+    "birthplace": (rf"{{n}} was born in ({CAP}) in {YEAR}", rf"{{n}} was born in {YEAR} in the city of ({CAP})",
+                   rf"birthplace of {{n}} is ({CAP})", rf"{{n}} was born in ({CAP})"),
+    "birth_year": (rf"{{n}} was born in {CAP} in ({YEAR})", rf"{{n}} was born in ({YEAR})",
+                   rf"{{n}} \(born ({YEAR})\)"),
+    "employer": (rf"{{n}} (?:works for|is employed by|is on the staff of) ({CAP})",),
+    "founded": (rf"{{n}} is an? [a-z ]+ founded in ({YEAR})", rf"{{n}} was (?:founded|established) in ({YEAR})",
+                rf"{{n}} was founded in ({YEAR})", rf"[Tt]he city of {{n}} was established in ({YEAR})",
+                rf"{{n}} \(founded ({YEAR})\)"),
+    "founder": (rf"{{n}} was founded by ({LABEL})", rf"[Tt]he founder of {{n}} is ({LABEL})",
+                rf"({LABEL}) founded {{n}}\b"),
+    "hq": (rf"{{n}} is headquartered in ({CAP})", rf"headquarters of {{n}} are in ({CAP})",
+           rf"{{n}} has its headquarters in ({CAP})", rf"{{n}} was founded in {YEAR} and is headquartered in ({CAP})"),
+    "country": (rf"{{n}} (?:is a city in|is a city located in|lies in) ({CAP})",),
+    "creator": (rf"{{n}} was (?:created|written|recorded|directed|designed) by ({LABEL})",
+                rf"[Tt]he creator of {{n}} is ({LABEL})"),
+    "publisher": (rf"{{n}} was published by ({CAP})", rf"[Tt]he publisher of {{n}} is ({CAP})",
+                  rf"({CAP}) published {{n}}\b"),
+    "year": (rf"{{n}} is an? [a-z ]+ released in ({YEAR})", rf"{{n}} is a ({YEAR}) ", rf"{{n}} is an? [a-z ]+ that came out in ({YEAR})",
+             rf"{{n}} \([a-z ]+, ({YEAR})\)"),
+}
+
+
+def strip_label(label: str) -> str:
+    """'Name (chemist)' -> 'Name'."""
+    return re.sub(r" \([a-z ]+\)$", "", label.strip())
+
+
+def extract(text: str, field: str, name: str) -> str | None:
+    """The value `text` states for `field` of the entity called `name`, or None.
+
+    People come back as page labels ('Name (chemist)' for a namesake), so the next lookup finds the right page.
+    """
+    n = re.escape(name)
+    for pattern in _PATTERNS[field]:
+        m = re.search(pattern.replace("{n}", n), text)
+        if m:
+            return m.group(1)
+    return None
+
+
+# ----------------------------------------------------------------------------- mentions
+
+
+_NAMESAKE = re.compile(r"the (?P<occ>[a-z]+(?: [a-z]+)?) (?P<name>" + CAP + ")")  # "the chemist X" in questions
+_TITLED = re.compile(r"(?P<name>" + CAP + r") \((?P<occ>[a-z ]+)\)")  # "X (chemist)" as pages name them
+
+
+@dataclass(frozen=True)
+class Mention:
+    """How a question names an entity: the name, plus a namesake's occupation or a quoted title."""
+
+    text: str
+
+    @property
+    def name(self) -> str:
+        m = re.fullmatch(r'"(?P<name>.+)"', self.text) or _NAMESAKE.fullmatch(self.text) or _TITLED.fullmatch(self.text)
+        return m.group("name") if m else self.text
+
+    @property
+    def occupation(self) -> str | None:
+        m = _NAMESAKE.fullmatch(self.text) or _TITLED.fullmatch(self.text)
+        return m.group("occ") if m else None
+
+    @property
+    def label(self) -> str:
+        """The page title this mention points at."""
+        return f"{self.name} ({self.occupation})" if self.occupation else self.name
+
+
+# ----------------------------------------------------------------------------- questions
+
+_FRAMES: tuple[tuple[str, tuple[str, ...]], ...] = (  # question frame -> fields, outermost last
+    (r"In which country was (.+) born\?", ("birthplace", "country")),
+    (r"In which country is (.+) headquartered\?", ("hq", "country")),
+    (r"In which country are the headquarters of (.+)\?", ("hq", "country")),
+    (r"In which city was (.+) born\?", ("birthplace",)),
+    (r"What is the birthplace city of (.+)\?", ("birthplace",)),
+    (r"Which organisation employs (.+)\?", ("employer",)),
+    (r"For which organisation does (.+) work\?", ("employer",)),
+    (r"Who is the founder of (.+)\?", ("founder",)),
+    (r"Who founded (.+)\?", ("founder",)),
+    (r"In which city is (.+) headquartered\?", ("hq",)),
+    (r"In which city are the headquarters of (.+)\?", ("hq",)),
+    (r"Who is the creator of (.+)\?", ("creator",)),
+    (r"Who created (.+)\?", ("creator",)),
+    (r"Which organisation published (.+)\?", ("publisher",)),
+    (r"Who is the publisher of (.+)\?", ("publisher",)),
+    (r"Who published (.+)\?", ("publisher",)),
+    (r"In what year was (.+) born\?", ("birth_year",)),
+    (r"What is the birth year of (.+)\?", ("birth_year",)),
+    (r"In what year was (.+) founded\?", ("founded",)),
+    (r"When was (.+) founded\? Give the year\.", ("founded",)),
+    (r"In which country is (.+) located\?", ("country",)),
+    (r"In which country is (.+)\?", ("country",)),
+)
+_NPS: tuple[tuple[str, str], ...] = (  # noun phrase -> the field it applies to its inner phrase
+    (r"the birthplace of (.+)", "birthplace"), (r"the city where (.+) was born", "birthplace"),
+    (r"the employer of (.+)", "employer"), (r"the organisation that employs (.+)", "employer"),
+    (r"the founder of (.+)", "founder"), (r"the person who founded (.+)", "founder"),
+    (r"the headquarters city of (.+)", "hq"), (r"the city where (.+) is headquartered", "hq"),
+    (r"the creator of (.+)", "creator"), (r"the person who created (.+)", "creator"),
+    (r"the publisher of (.+)", "publisher"), (r"the organisation that published (.+)", "publisher"),
+)
+_COUNT_VERBS = {"were born in": ("birthplace", "eq"), "are headquartered in": ("hq", "eq"),
+                "were published by": ("publisher", "eq"), "were born before": ("birth_year", "lt"),
+                "were founded before": ("founded", "lt")}
+_COMPARE = {  # opening -> (field by entity kind, pick the later one?)
+    "Who is older": ("birth_year", False), "Who was born earlier": ("birth_year", False),
+    "Who was born later": ("birth_year", True), "Which was founded earlier": ("founded", False),
+    "Which organisation is older": ("founded", False), "Which was founded more recently": ("founded", True),
+    "Which came out first": ("year", False), "Which was released later": ("year", True),
+    "Which city was founded earlier": ("founded", False), "Which city is younger": ("founded", True),
+}
+_YESNO = ((r"Was (.+) born before (\d{3,4})\?", "birth_year", "lt"), (r"Was (.+) founded before (\d{3,4})\?", "founded", "lt"),
+          (r"Is (.+) headquartered in (.+)\?", "hq", "eq"), (r"Was (.+) born in (.+)\?", "birthplace", "eq"),
+          (r"Was (.+) published by (.+)\?", "publisher", "eq"), (r"Does (.+) work for (.+)\?", "employer", "eq"))
+_MENTION = re.compile(r'"[^"]+"|(?:the [a-z]+(?: [a-z]+)? )?' + CAP)
+
+
+@dataclass(frozen=True)
+class Query:
+    """What a question asks, as lookups.
+
+    kind: chain   -- mentions[0], then apply fields in order ("founder of the publisher of X")
+          count   -- how many mentions have `fields[0]` equal to (op eq) / below (op lt) `target`
+          compare -- which of two mentions has the earlier (or, with later, the later) `fields[0]`
+          yesno   -- whether mentions[0]'s `fields[0]` equals / is below `target`
+    """
+
+    kind: str
+    mentions: tuple[Mention, ...]
+    fields: tuple[str, ...]
+    target: str = ""
+    op: str = "eq"
+    later: bool = False
+
+    def steps(self) -> list[str]:
+        """The plan's steps in words."""
+        if self.kind == "chain":
+            steps, subject = [], self.mentions[0].text
+            for f in self.fields:
+                steps.append(f"Find the {DESCRIBE[f]} of {subject}.")
+                subject = "that " + {"birthplace": "city", "hq": "city", "founder": "person", "creator": "person",
+                                     "employer": "organisation", "publisher": "organisation"}.get(f, "entity")
+            return steps
+        f = DESCRIBE[self.fields[0]]
+        steps = [f"Find the {f} of {m.text}." for m in self.mentions]
+        if self.kind == "count":
+            steps.append(f"Count how many match {self.target}.")
+        elif self.kind == "compare":
+            steps.append(f"Compare them and pick the {'later' if self.later else 'earlier'} one.")
+        else:
+            steps.append(f"Compare it with {self.target} and answer yes or no.")
+        return steps
+
+
+def _noun_phrase(text: str, outer: list[str]) -> Mention | None:
+    """Unwrap nested relations of `text` into `outer` (outermost first); return the base mention."""
+    for pattern, field in _NPS:
+        m = re.fullmatch(pattern, text)
+        if m:
+            outer.append(field)
+            return _noun_phrase(m.group(1), outer)
+    return Mention(text) if _MENTION.fullmatch(text) else None
+
+
+def _chain(question: str) -> Query | None:
+    for frame, fields in _FRAMES:
+        m = re.fullmatch(frame, question)
+        if m:
+            outer: list[str] = []
+            base = _noun_phrase(m.group(1), outer)
+            if base is not None:
+                return Query("chain", (base,), tuple(reversed(outer)) + fields)
+    return None
+
+
+def _group(text: str) -> tuple[Mention, ...] | None:
+    items = [x.strip() for x in re.split(r", | and ", text) if x.strip()]
+    return tuple(Mention(x) for x in items) if items and all(_MENTION.fullmatch(x) for x in items) else None
+
+
+def _kind_field(field: str, mention: Mention) -> str:
+    return "year" if field == "year" or mention.text.startswith('"') else field
+
+
+def parse_question(question: str) -> Query | None:
+    """The lookups a question asks for, or None if its shape is unknown."""
+    question = " ".join(question.split())
+    m = re.fullmatch(r"Which city, (.+?) or (.+?), hosts the headquarters of (.+?), the [a-z ]+ based in (.+)\?", question)
+    if m:
+        return Query("chain", (Mention(m.group(3)),), ("hq",))
+    for verb, (field, op) in _COUNT_VERBS.items():
+        v = re.escape(verb)
+        m = re.fullmatch(rf"How many of (.+) {v} (.+)\?", question) or re.fullmatch(rf"Of (.+), how many {v} (.+)\?", question)
+        if m and (group := _group(m.group(1))):
+            return Query("count", group, (field,), target=m.group(2), op=op)
+    for opening, (field, later) in _COMPARE.items():
+        m = re.fullmatch(rf"{opening}, (.+) or (.+)\?", question)
+        if m and _MENTION.fullmatch(m.group(1)) and _MENTION.fullmatch(m.group(2)):
+            pair = (Mention(m.group(1)), Mention(m.group(2)))
+            return Query("compare", pair, (_kind_field(field, pair[0]),), later=later)
+    for pattern, field, op in _YESNO:
+        m = re.fullmatch(pattern, question)
+        if m and _MENTION.fullmatch(m.group(1)):
+            return Query("yesno", (Mention(m.group(1)),), (field,), target=m.group(2), op=op)
+    # the last sentence may be the real question ("X, a chemist born in C, works for O. In which city ...?")
+    starts = [0] + [m.end() for m in re.finditer(r"[.!?] (?=[A-Z])", question)]
+    for start in starts:
+        query = _chain(question[start:])
+        if query:
+            return query
+    return None
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Hit:
+    title: str
+    url: str
+    snippet: str
+
+    @property
+    def encyclopedic(self) -> bool:
+        return "wiki" in self.url
+
+
+def parse_results(observation: str) -> list[Hit]:
+    """The hits of a `## Web Results` observation (empty for errors and 'no results')."""
+    hits = []
+    for m in re.finditer(r"^\d+\. \[(.+?)\]\((\S+?)\)\n(.*?)(?=\n\n\d+\. \[|\Z)", observation, re.M | re.S):
+        hits.append(Hit(m.group(1), m.group(2), m.group(3).strip()))
+    return hits
+
+
+def parse_page(observation: str) -> tuple[str, str, str] | None:
+    """(title, url, text) of the first page of a crawl_page observation."""
+    m = re.search(r"^## Page: (.+) \((\S+)\)\n(.*?)(?=\n\n## Page: |\Z)", observation, re.M | re.S)
+    return (m.group(1), m.group(2), m.group(3)) if m else None
+
+
+def find_page(hits: list[Hit], mention: Mention) -> Hit | None:
+    """The encyclopedic page about the mentioned entity among the hits (namesakes told apart)."""
+    return next((hit for hit in hits if hit.encyclopedic and hit.title == mention.label), None)
+
+
+def guess(question: str, hits: list[Hit], field: str | None) -> str | None:
+    """A hurried answer from the first snippet: the first value of the expected kind not in the question."""
+    for hit in hits[:1]:
+        if field in ("birth_year", "founded", "year"):
+            years = [y for y in re.findall(YEAR, hit.snippet) if y not in question]
+            if years:
+                return years[0]
+        elif field in ("yes", "no"):
+            return field
+        else:
+            names = [strip_label(n) for n in re.findall(CAP, hit.snippet)]
+            names = [n for n in names if n not in question and n.split()[0] not in ("The", "People", "Organisations")]
+            if names:
+                return names[0]
+    return None
+
+
+def compare_years(values: list[str | None], later: bool) -> int | None:
+    """Index of the earliest (or latest) year, None if one is missing or they tie."""
+    if any(v is None or not v.isdigit() for v in values):
+        return None
+    years = [int(v) for v in values]  # type: ignore[arg-type]
+    best = max(years) if later else min(years)
+    return years.index(best) if years.count(best) == 1 else None

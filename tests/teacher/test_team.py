@@ -1,0 +1,118 @@
+"""The teacher team: offline agents on a fresh world (accuracy, diversity), and LLM agents over HTTP."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from coa.distill import linearise, shape
+from coa.format import check_transitions, parse
+from coa.rewards import check
+from coa.tasks.code import generate_code
+from coa.tasks.math import generate_math
+from coa.tasks.web import generate_web
+from coa.teacher import TeamLimits, llm_team, run_team
+from coa.teacher.chat import ChatClient
+from coa.teacher.offline.agents import OfflineStyle, offline_team
+from coa.tools import ToolSession, code_tool, crawl_tool, search_tool
+from coa.tools.sandbox import SandboxLimits
+from coa.tools.search import BM25Index
+from tests.fakes.chat_server import ChatServer
+
+STYLE = OfflineStyle(p_direct=0.65, p_snippet=0.3, p_check_forum=0.5, p_critic_catch=0.15, p_lenient=0.1, p_slip=0.3)
+LIMITS = TeamLimits(max_replans=2, max_tool_calls=16, max_worker_turns=12)
+
+
+@pytest.fixture(scope="module")
+def web_world():
+    tasks, docs = generate_web(seed=11, n_tasks=160, splits={"sft": 1.0})
+    index = BM25Index.build([d["title"] for d in docs], [d["url"] for d in docs], [d["text"] for d in docs])
+    tools = {"web_search": search_tool(index, 5, 240), "crawl_page": crawl_tool(index, 3000)}
+    return tasks, tools
+
+
+def solve(task, tools, seed):
+    team = offline_team(task["domain"], random.Random(seed), STYLE)
+    return run_team(task["question"], task["domain"], team, ToolSession(tools, 1536), LIMITS)
+
+
+def test_offline_web_team_is_accurate_and_corrects_itself(web_world):
+    tasks, tools = web_world
+    results = [solve(t, tools, i) for i, t in enumerate(tasks[:100])]
+    correct = [check("web", r.answer, t) for r, t in zip(results, tasks, strict=False)]
+    assert sum(correct) / len(correct) >= 0.8
+    shapes = [shape(linearise(r), "web") for r in results]
+    assert sum(not s.problems for s in shapes) >= 90
+    kept = [s for s, ok in zip(shapes, correct, strict=True) if ok and not s.problems]
+    assert sum(s.changed_course for s in kept) / len(kept) >= 0.3
+    assert sum(r.tool_calls for r in results) / len(results) >= 2
+
+
+def test_offline_team_is_seeded_and_diverse(web_world):
+    tasks, tools = web_world
+    task = tasks[0]
+    runs = [linearise(solve(task, tools, seed)) for seed in range(8)]
+    assert len(set(runs)) >= 2  # different seeds, different trajectories
+    assert linearise(solve(task, tools, 3)) == runs[3]  # same seed, same trajectory
+
+
+@pytest.mark.parametrize("domain,generate,floor", [("math", generate_math, 0.8), ("code", generate_code, 0.7)])
+def test_offline_code_agent_is_accurate(domain, generate, floor):
+    tasks = generate(seed=11, n_tasks=30, splits={"sft": 1.0})
+    tools = {"code": code_tool(SandboxLimits(wall_time_s=5.0))}
+    results = [solve(t, tools, i) for i, t in enumerate(tasks)]
+    assert sum(check(domain, r.answer, t) for r, t in zip(results, tasks, strict=True)) / len(tasks) >= floor
+    for r in results:
+        assert check_transitions(parse(linearise(r)), domain) == []
+
+
+def test_unparseable_question_is_answered_wrongly_not_crashed(web_world):
+    _, tools = web_world
+    t = solve({"question": "What is the airspeed velocity of an unladen swallow?", "domain": "web"}, tools, 0)
+    assert t.tool_calls >= 1 and len(t.calls) >= 4  # it searched and the team deliberated
+    assert not check("web", t.answer, {"answers": ["24 miles per hour"]})
+
+
+# ----------------------------------------------------------------------------- LLM agents over HTTP
+
+
+def scripted(body: dict) -> str:
+    """Each role of the team, played by a 'model' that reads its system prompt and last message."""
+    system, last = body["messages"][0]["content"], body["messages"][-1]["content"]
+    if system.startswith("You are the planner"):
+        return "<plan>1. Search for the founder.</plan>"
+    if system.startswith("You are the search agent"):
+        if last.startswith("Question:"):
+            return "<think>Search first.</think>\n<web_search>Orvane Labs founder</web_search>\n<observation>made up"
+        return "<think>The page says it.</think>\n<result>answer: Ada Quill\nevidence: read page</result>"
+    if system.startswith("You are the critic"):
+        return ("<reflection>information conflict: good\ntool effectiveness: good\n"
+                "trajectory monitoring: good\nFine.</reflection>")
+    if system.startswith("You are the verifier"):
+        return "<double_check>score: 4\nStated on the page.</double_check>"
+    if "Suggest an answer" in last:
+        return "<suggested_answer>Ada Quill</suggested_answer>"
+    return "<answer>Ada Quill</answer>"
+
+
+def test_llm_team_over_an_openai_compatible_endpoint_with_retries():
+    seen = []
+    tools = {"web_search": lambda q: seen.append(q) or "## Web Results\n\n1. [Orvane Labs](u)\nFounded by Ada Quill."}
+    with ChatServer(scripted, fail_first=2, fail_status=500) as server:
+        client = ChatClient(server.base_url, "teacher", None, max_retries=3, backoff_s=0.01, sleep=lambda s: None)
+        t = run_team("Who founded Orvane Labs?", "web", llm_team(client), ToolSession(tools, 1536), LIMITS)
+        assert server.failed == 2  # two 500s, retried
+        assert any(r.get("stop") for r in server.requests)  # workers stop at closing tool tags
+    assert t.error is None and t.answer == "Ada Quill" and seen == ["Orvane Labs founder"]
+    assert t.api_tokens() and all(c.usage for c in t.calls)
+    text = linearise(t)
+    assert "made up" not in text  # the server cut at </web_search>; the tool's output is the observation
+    assert check_transitions(parse(text), "web") == []
+
+
+def test_llm_team_failure_is_recorded_not_raised():
+    with ChatServer(scripted, fail_first=100, fail_status=503) as server:
+        client = ChatClient(server.base_url, "teacher", None, max_retries=1, backoff_s=0.01, sleep=lambda s: None)
+        t = run_team("Who founded Orvane Labs?", "web", llm_team(client), ToolSession({}, 1536), LIMITS)
+    assert t.answer is None and "ChatError" in t.error
