@@ -1,6 +1,7 @@
 """The one prompt builder: what the policy is shown for a task, in SFT, rollouts, filters and eval alike.
 
     messages = build_messages(question, "web")    # [{"role": "system", ...}, {"role": "user", ...}]
+    text = render_prompt(tokenizer, question, "web")  # chat template + assistant header: what the policy continues
     system_prompt("math")
 
 The system text names the tools of the domain and the format's rules; the user turn is the question.
@@ -37,3 +38,8 @@ def system_prompt(domain: str) -> str:
 def build_messages(question: str, domain: str) -> list[dict[str, str]]:
     """The chat messages of a task's prompt: the domain's system text and the question."""
     return [{"role": "system", "content": system_prompt(domain)}, {"role": "user", "content": question}]
+
+
+def render_prompt(tokenizer, question: str, domain: str) -> str:
+    """The prompt as text the policy continues: the tokenizer's chat template with the assistant header."""
+    return tokenizer.apply_chat_template(build_messages(question, domain), tokenize=False, add_generation_prompt=True)
