@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coa.format import (
+    TAGS,
     FormatError,
     Step,
     check_transitions,
@@ -37,12 +38,8 @@ FILTERS = ("correct", "min_tool_calls", "web_reflection", "malformed")
 def linearise(transcript: Transcript) -> str:
     """The single-model trajectory of a team's transcript (raises ValueError if a part cannot be rendered)."""
     steps = [Step(m.role, m.content) for m in transcript.messages
-             if (m.sender in AGENTS or m.sender == "tools") and m.role in _TRAJECTORY_TAGS]
+             if (m.sender in AGENTS or m.sender == "tools") and m.role in TAGS]
     return render(steps)
-
-
-_TRAJECTORY_TAGS = ("think", "plan", "reflection", "suggested_answer", "double_check", "answer",
-                    "web_search", "crawl_page", "code", "observation")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ import coa.teacher
 import coa.tools
 from coa.config import derive_seed, to_dict
 from coa.distill import (
+    FILTERS,
     Filters,
+    Shape,
     filter_reason,
     jsonl,
     linearise,
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = tasks.to_dicts()
         tools = build_tools(st.params.common.tools, index_dir=st.args.index)
         factory = team_factory(cfg.teacher, cfg.offline)
-        limits = TeamLimits(cfg.limits.max_replans, cfg.limits.max_tool_calls, cfg.limits.max_worker_turns)
+        limits = TeamLimits(**to_dict(cfg.limits))
         cache, salt = Path(st.args.cache), _cache_salt(st.params, st.args.index)
         cache.mkdir(parents=True, exist_ok=True)
 
@@ -106,8 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         log.info("teacher: %d tasks in %.1f s (%d from the resume cache)", len(rows), teacher_s, resumed)
 
         count = token_counter(AutoTokenizer.from_pretrained(st.args.base))
-        filters = Filters(cfg.filters.require_correct, cfg.filters.min_tool_calls, cfg.filters.web_requires_reflection,
-                          cfg.filters.drop_malformed, cfg.filters.self_corrected_weight)
+        filters = Filters(**to_dict(cfg.filters))
         transcripts, kept, rejects = [], [], []
         for task, (t, correct, _) in zip(rows, results, strict=True):
             teacher_tokens = t.billed_tokens(count)
@@ -125,18 +126,18 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 text = linearise(t)
             except ValueError as err:
-                text, problems = "", [f"cannot render: {err}"]
-            s = shape(text, task["domain"]) if text else None
-            problems = list(s.problems) if s else problems
-            answer = extract_answer(text) if text else None
+                text, s = "", Shape(0, False, False, False, (f"cannot render: {err}",))
+            else:
+                s = shape(text, task["domain"])
+            answer = extract_answer(text)
             row = {"task_id": task["task_id"], "domain": task["domain"], "system": system_prompt(task["domain"]),
                    "prompt": task["question"], "trajectory": text, "answer": answer if answer is not None else "",
-                   "correct": correct and answer is not None,
-                   "n_tool_calls": s.n_tool_calls if s else 0, "has_reflection": bool(s and s.has_reflection),
-                   "self_corrected": bool(s and s.self_corrected), "changed_course": bool(s and s.changed_course),
-                   "weight": cfg.filters.self_corrected_weight if s and s.self_corrected else 1.0,
+                   "correct": correct and answer is not None, "n_tool_calls": s.n_tool_calls,
+                   "has_reflection": s.has_reflection, "self_corrected": s.self_corrected,
+                   "changed_course": s.changed_course,
+                   "weight": cfg.filters.self_corrected_weight if s.self_corrected else 1.0,
                    "teacher_tokens": teacher_tokens, "teacher_tool_calls": t.tool_calls}
-            dropped = filter_reason(row, problems, filters)
+            dropped = filter_reason(row, s.problems, filters)
             if dropped:
                 rejects.append(({"task_id": task["task_id"], "domain": task["domain"], "filter": dropped[0],
                                  "answer": answer}, f"{dropped[0]}: {dropped[1]}"))
@@ -161,7 +162,7 @@ def _metrics(transcripts: list[dict], kept: list[dict], rejects: list[tuple[dict
                          "tasks_per_s": round(len(transcripts) / max(teacher_s, 1e-9), 2)}
     assert m["tasks"] == m["kept"] + m["rejected"], "counts must reconcile"
     by_filter = Counter(row["filter"] for row, _ in rejects)
-    for name in ("correct", "min_tool_calls", "web_reflection", "malformed"):
+    for name in FILTERS:
         m[f"rejected_{name}"] = by_filter.get(name, 0)
     n = max(len(transcripts), 1)
     m["teacher_accuracy"] = round(sum(t["correct"] for t in transcripts) / n, 4)

@@ -279,19 +279,14 @@ def find_page(hits: list[Hit], mention: Mention) -> Hit | None:
 
 def guess(question: str, hits: list[Hit], field: str | None) -> str | None:
     """A hurried answer from the first snippet: the first value of the expected kind not in the question."""
-    for hit in hits[:1]:
-        if field in ("birth_year", "founded", "year"):
-            years = [y for y in re.findall(YEAR, hit.snippet) if y not in question]
-            if years:
-                return years[0]
-        elif field in ("yes", "no"):
-            return field
-        else:
-            names = [strip_label(n) for n in re.findall(CAP, hit.snippet)]
-            names = [n for n in names if n not in question and n.split()[0] not in ("The", "People", "Organisations")]
-            if names:
-                return names[0]
-    return None
+    if not hits:
+        return None
+    if field in ("birth_year", "founded", "year"):
+        years = [y for y in re.findall(YEAR, hits[0].snippet) if y not in question]
+        return years[0] if years else None
+    names = [strip_label(n) for n in re.findall(CAP, hits[0].snippet)]
+    names = [n for n in names if n not in question and n.split()[0] not in ("The", "People", "Organisations")]
+    return names[0] if names else None
 
 
 def compare_years(values: list[str | None], later: bool) -> int | None:
