@@ -1,0 +1,155 @@
+"""Evaluate a policy: k rollouts per task with tools, scored by the one checker; accuracy, pass@k, cost.
+
+    from coa.evaluate import evaluate
+    from coa.rollout import make_engine, Sampling, Limits
+    engine = make_engine("hf", "models/rl", max_batch=32)
+    tools = build_tools(params.common.tools, index_dir="data/index")
+    result = evaluate(engine, tasks, k=4, sampling=Sampling(temperature=0.6, seed=0), limits=Limits(),
+                      tools_factory=lambda request: ToolSession(tools, max_chars=1536))
+    result.overall["accuracy"], result.overall["accuracy_ci95"], result.per_domain["web"]["pass@4"]
+    json.dump(result.flat(), f); pl.DataFrame(result.rows).write_parquet("data/eval.parquet")
+
+Per group (all tasks, and each domain):
+  accuracy       avg@k: the mean over tasks of the task's fraction of correct samples (= pass@1);
+  accuracy_ci95  a percentile bootstrap 95% interval of accuracy, resampling tasks (n_boot draws, seeded);
+  pass@j         the unbiased estimator 1 - C(n-c, j) / C(n, j) averaged over tasks, for j = 1, 2, 4, ... k;
+  format_ok      the fraction of rollouts whose text parses and passes coa.format.check_transitions;
+  tool_calls, turns, policy_tokens, billed_tokens   means per rollout (one attempt at a task); billed
+                 tokens are coa.metrics.billed_tokens over coa.metrics.student_calls, counted with the
+                 policy's tokenizer;
+  finish         counts of Rollout.finish.
+`rows` holds one dict per rollout (task_id, sample, domain, correct, answer, n_tool_calls, n_turns,
+finish, parse_ok, generated_tokens, billed_tokens, text), ready for a parquet file. Answers are checked
+with coa.rewards.check in a thread pool (code tests run in the sandbox).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coa.format import FormatError, check_transitions, parse
+from coa.metrics import billed_tokens, student_calls, token_counter
+from coa.prompts import render_prompt
+from coa.rewards import check
+from coa.rollout.types import Engine, Limits, Request, Sampling, ToolsFactory
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of a task with c correct out of n samples (Chen et al. 2021); needs k <= n."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def bootstrap_ci(values: Sequence[float], n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (resampled with replacement)."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(n_boot, data.size))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+
+
+def format_ok(text: str, domain: str) -> bool:
+    """Whether a rollout's text parses and follows the domain's role graph."""
+    try:
+        return not check_transitions(parse(text), domain)
+    except FormatError:
+        return False
+
+
+@dataclass
+class EvalResult:
+    """overall and per_domain metrics (see the module docstring) and one row per rollout."""
+
+    k: int
+    overall: dict[str, Any]
+    per_domain: dict[str, dict[str, Any]]
+    rows: list[dict[str, Any]]
+
+    def flat(self) -> dict[str, float]:
+        """Flat numbers for a metrics JSON: ``accuracy``, ``accuracy_ci95_low``, ``web/pass@4``, ``finish/answer``..."""
+        out: dict[str, float] = {}
+        for prefix, group in [("", self.overall), *((f"{d}/", g) for d, g in sorted(self.per_domain.items()))]:
+            for key, value in group.items():
+                if key == "accuracy_ci95":
+                    out[f"{prefix}accuracy_ci95_low"], out[f"{prefix}accuracy_ci95_high"] = value
+                elif key == "finish":
+                    out.update({f"{prefix}finish/{reason}": n for reason, n in sorted(value.items())})
+                else:
+                    out[f"{prefix}{key}"] = value
+        return out
+
+
+def _summary(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, Any]:
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_task.setdefault(row["task_id"], []).append(row)
+    correct = [sum(r["correct"] for r in task_rows) for task_rows in by_task.values()]
+    accuracy = [c / k for c in correct]
+    ks = sorted({*(2**i for i in range(k.bit_length()) if 2**i <= k), k})
+    n = max(len(rows), 1)
+    summary: dict[str, Any] = {
+        "n_tasks": len(by_task),
+        "n_rollouts": len(rows),
+        "accuracy": float(np.mean(accuracy)) if accuracy else float("nan"),
+        "accuracy_ci95": bootstrap_ci(accuracy, n_boot, seed),
+    }
+    for j in ks:
+        summary[f"pass@{j}"] = float(np.mean([pass_at_k(k, c, j) for c in correct])) if correct else float("nan")
+    summary.update({
+        "format_ok": sum(r["parse_ok"] for r in rows) / n,
+        "tool_calls": sum(r["n_tool_calls"] for r in rows) / n,
+        "turns": sum(r["n_turns"] for r in rows) / n,
+        "policy_tokens": sum(r["generated_tokens"] for r in rows) / n,
+        "billed_tokens": sum(r["billed_tokens"] for r in rows) / n,
+        "finish": dict(Counter(r["finish"] for r in rows)),
+    })
+    return summary
+
+
+def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, sampling: Sampling, limits: Limits,
+             tools_factory: ToolsFactory, tokenizer: Any = None, seed: int = 0, n_boot: int = 1000,
+             check_workers: int = 4) -> EvalResult:
+    """Roll out ``k`` samples of every task (rows of data/tasks.parquet: task_id, domain, question, answers,
+    tests) and score them; ``tokenizer`` counts billed tokens (default: the engine's); ``seed`` seeds the
+    bootstrap (``sampling.seed`` the rollouts)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+    ids = [t["task_id"] for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise ValueError("task_id values must be unique")
+    requests = [Request(f"{t['task_id']}#{i}", render_prompt(engine.tokenizer, t["question"], t["domain"]),
+                        t["domain"]) for t in tasks for i in range(k)]
+    rollouts = engine.rollout(requests, sampling, limits, tools_factory)
+    pairs = [(task, i) for task in tasks for i in range(k)]
+    if len(rollouts) != len(pairs):
+        raise RuntimeError(f"the engine returned {len(rollouts)} rollouts for {len(pairs)} requests")
+    with ThreadPoolExecutor(check_workers, thread_name_prefix="check") as pool:
+        verdicts = list(pool.map(lambda pair, r: check(pair[0]["domain"], r.answer, pair[0]), pairs, rollouts))
+    count = token_counter(tokenizer)
+    rows = []
+    for (task, i), request, rollout, correct in zip(pairs, requests, rollouts, verdicts, strict=True):
+        rows.append({
+            "task_id": task["task_id"], "sample": i, "domain": task["domain"], "correct": bool(correct),
+            "answer": rollout.answer, "n_tool_calls": rollout.n_tool_calls, "n_turns": rollout.n_turns,
+            "finish": rollout.finish, "parse_ok": format_ok(rollout.text, task["domain"]),
+            "generated_tokens": rollout.n_policy_tokens,
+            "billed_tokens": billed_tokens(student_calls(request.prompt, rollout.text), count),
+            "text": rollout.text,
+        })
+    per_domain = {d: _summary([r for r in rows if r["domain"] == d], k, n_boot, seed)
+                  for d in sorted({r["domain"] for r in rows})}
+    return EvalResult(k=k, overall=_summary(rows, k, n_boot, seed), per_domain=per_domain, rows=rows)

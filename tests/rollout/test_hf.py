@@ -1,0 +1,134 @@
+"""The hf engine: the shared contract, plus what only in-process batching can show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from coa.format import parse
+from coa.prompts import render_prompt
+from coa.rollout import Limits, Request, Sampling
+from coa.rollout.hf import HFEngine, sample
+from coa.sft import encode_example
+from tests.rollout.conftest import HAS_VLLM
+from tests.rollout.contract import *  # noqa: F403
+from tests.rollout.contract import GREEDY, LIMITS, Recorder, check_invariants, teacher_forced
+from tests.rollout.scripted import ForcedLM
+
+ENGINE = "hf"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "transcripts"
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling(temperature=1.0, top_p=0.95, top_k=50, seed=4)])
+def test_batched_rollouts_equal_batch_size_one_token_for_token(web_model, tok, requests_of, sampling):
+    """Continuous batching (3 rows for 7 requests, prompts in 48-token chunks, eager compaction) changes
+    nothing: every trajectory is the one it is alone, and its log-probs those of a full forward pass."""
+    requests = requests_of(7)
+    batched = HFEngine(web_model, tok, max_batch=3, max_chunk_tokens=48, compact_at=0.25)
+    together = batched.rollout(requests, sampling, LIMITS, Recorder())
+    stats = batched.stats
+    assert stats.compactions > 0 and stats.ingest_steps > len(requests) and stats.policy_tokens > 0
+    single = HFEngine(web_model, tok, max_batch=1)
+    alone = single.rollout(requests, sampling, LIMITS, Recorder())
+    assert [r.response_ids for r in together] == [r.response_ids for r in alone]
+    assert len({tuple(r.response_ids) for r in together}) > 1 or sampling.greedy
+    for request, r in zip(requests, together, strict=True):
+        check_invariants(tok, request, r)
+        reference = teacher_forced(web_model, r.prompt_ids + r.response_ids, sampling.temperature or 1.0)
+        mask = torch.tensor(r.loss_mask, dtype=torch.bool)
+        got = torch.tensor(r.logprobs)[mask]
+        assert torch.allclose(got, reference[len(r.prompt_ids) - 1 :][mask], atol=1e-4)
+
+
+def test_bfloat16_runs(web_model, tok, requests_of):
+    import copy
+
+    model = copy.deepcopy(web_model).to(torch.bfloat16)
+    requests = requests_of(3)
+    rollouts = HFEngine(model, tok, max_batch=2).rollout(requests, GREEDY, LIMITS, Recorder())
+    for request, r in zip(requests, rollouts, strict=True):
+        check_invariants(tok, request, r)
+        assert r.n_tool_calls == LIMITS.max_tool_calls  # the script is robust to bf16 rounding
+
+
+@pytest.mark.parametrize("name", ["web", "math"])
+def test_rollout_token_layout_equals_the_sft_encoding(tok, name):
+    """A policy that writes a teacher trajectory, fed the trajectory's observations by the tools, yields the
+    token ids coa.sft.encode_example gives (minus the final eos); the masks agree except on the two join
+    newlines around each observation, which the runtime writes (mask 0) and SFT trains on (mask 1)."""
+    trajectory = (FIXTURES / f"{name}.trajectory.txt").read_text()
+    domain = "web" if name == "web" else "math"
+    prompt = render_prompt(tok, "the fixture's question", domain)
+    example = encode_example(tok, prompt, trajectory)
+    observations = iter(step.content for step in parse(trajectory) if step.tag == "observation")
+    calls = []
+
+    def tools(request):
+        def session(tag, content):
+            calls.append(tag)
+            return next(observations)
+
+        return session
+
+    model = ForcedLM(tok, example.input_ids)
+    limits = Limits(max_turns=50, max_tool_calls=50, max_turn_tokens=2000, max_total_tokens=len(example.input_ids))
+    (r,) = HFEngine(model, tok).rollout([Request("fixture", prompt, domain)], GREEDY, limits, tools)
+    n_prompt = len(r.prompt_ids)
+    assert r.prompt_ids == example.input_ids[:n_prompt]
+    assert r.response_ids == example.input_ids[n_prompt:-1]  # SFT appends the eos after </answer>
+    assert r.text == trajectory and r.finish == "answer" and len(calls) == r.n_tool_calls > 0
+    newline = tok("\n", add_special_tokens=False)["input_ids"]
+    sft_mask = example.loss_mask[n_prompt:-1]
+    differ = [i for i, (a, b) in enumerate(zip(r.loss_mask, sft_mask, strict=True)) if a != b]
+    assert len(differ) == 2 * r.n_tool_calls
+    assert all(r.response_ids[i] == newline[0] and (r.loss_mask[i], sft_mask[i]) == (0, 1) for i in differ)
+    positions = sorted(set(model.base.fed))  # every token fed exactly where the script has it
+    assert positions[-1][0] == len(example.input_ids) - 3  # all but the last two (the stop and eos)
+
+
+def test_sample_filters_and_logprobs():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0], [0.0, 3.0, 0.0, 0.0]])
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    tokens, logprobs = sample(logits, Sampling(temperature=0.0), gens)
+    assert tokens.tolist() == [0, 1]
+    assert torch.allclose(logprobs, torch.log_softmax(logits, -1)[[0, 1], [0, 1]])
+    for sampling in (Sampling(temperature=2.0, top_k=1), Sampling(temperature=2.0, top_p=0.01)):
+        tokens, logprobs = sample(logits, sampling, gens)
+        assert tokens.tolist() == [0, 1]
+        assert torch.allclose(logprobs, torch.log_softmax(logits / 2.0, -1)[[0, 1], [0, 1]])
+    draws = {int(sample(logits[:1], Sampling(temperature=1.0, top_k=2), [torch.Generator().manual_seed(s)])[0])
+             for s in range(40)}
+    assert draws == {0, 1}
+
+
+def test_bad_arguments_are_refused(web_model, tok, requests_of):
+    with pytest.raises(ValueError, match="unique"):
+        HFEngine(web_model, tok).rollout(requests_of(1) * 2, GREEDY, LIMITS, Recorder())
+    with pytest.raises(ValueError, match="max_batch"):
+        HFEngine(web_model, tok, max_batch=0)
+
+
+def test_make_engine_builds_each_kind_from_plain_arguments(web_model, tok, tmp_path, requests_of):
+    from coa.model import save_pretrained
+    from coa.rollout import make_engine
+    from coa.rollout.openai import OpenAIEngine
+    from tests.fakes.completions_server import CompletionsServer
+
+    save_pretrained(web_model, tok, tmp_path / "m", {})
+    engine = make_engine("hf", str(tmp_path / "m"), dtype="float32", max_batch=2)
+    assert isinstance(engine, HFEngine) and engine.max_batch == 2
+    (r,) = engine.rollout(requests_of(1), GREEDY, LIMITS, Recorder())
+    assert r.finish == "max_tool_calls"
+    with CompletionsServer(web_model, tok) as server:
+        remote = make_engine("openai", str(tmp_path / "m"), base_url=server.base_url, model="fake")
+        assert isinstance(remote, OpenAIEngine) and remote.url == server.base_url + "/completions"
+        (s,) = remote.rollout(requests_of(1), GREEDY, LIMITS, Recorder())
+        remote.close()
+    assert s.finish == "max_tool_calls"
+    with pytest.raises(ValueError, match="unknown engine kind"):
+        make_engine("tgi", str(tmp_path / "m"))
+    if not HAS_VLLM:
+        with pytest.raises(ImportError, match="vllm engine needs vLLM"):
+            make_engine("vllm", str(tmp_path / "m"))
