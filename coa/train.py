@@ -1,0 +1,652 @@
+"""The SFT training loop: packed rows, observation-masked weighted loss, AdamW + warm-up/cosine, exact resume.
+
+    from coa.train import encode_trajectories, train_sft
+    examples, truncated = encode_trajectories(tok, records, max_len=cfg.max_len)
+    result = train_sft(model, examples, cfg, seed=derive_seed(seed, "sft"), pad_id=tok.pad_token_id,
+                       ckpt_dir=".cache/sft", log_fn=lambda step, m: print(step, m["loss"]))
+    result.model                 # the trained float32 model (None on DeepSpeed ranks > 0)
+
+Data order. The unit is a *row*: packed rows from ``coa.sft.pack`` (``cfg.pack``) or one sample per row.
+Each epoch is a seeded permutation of the rows (``derive_seed(seed, "sft", "epoch", e)``); epochs are
+chained into one stream and optimizer step s takes rows [s*R, (s+1)*R) of it, R = rows_per_step *
+gradient_accumulation * world size. The order is a pure function of (seed, step), so a checkpoint need
+only store the step. Total steps = ceil(epochs * rows / R) (fractional epochs allowed).
+
+Loss. sum(w * ce) / sum(w) over every target token of the *optimizer step* (not of each micro-batch):
+the step's total weight is known from the examples before any forward, so gradient accumulation and
+data parallelism give the same gradient as one big batch. Targets are the policy's tokens (coa.sft:
+prompt, observations and padding never are); logits are computed only where a target follows
+(``logits_to_keep``), which matters with 150k-token vocabularies.
+
+Attention. ``attention="varlen"`` (default) registers the attention function ``coa_varlen`` with
+transformers: each sample of a packed row attends causally to itself through its own
+``scaled_dot_product_attention(is_causal=True)`` call, so no [T, T] mask is built and the cost is
+sum(L_i^2) instead of T^2; rows are collated without the 4D mask. ``attention="mask"`` is the
+reference path: coa.sft's additive block-diagonal 4D mask through the model's own sdpa.
+Both give the same loss (tests/test_train.py).
+
+Precision. Float32 master weights; ``dtype: bfloat16`` autocasts the forward (CPU or CUDA).
+DeepSpeed (``cfg.deepspeed.enabled``): ZeRO stage 1-3 with its own bf16 mode, our AdamW (or DeepSpeed's
+CPUAdam with optimizer offload) and our scheduler; runs on CPU with gloo in one process (the env vars of
+a launcher are filled in when absent). Many GPUs: ``deepspeed --num_gpus 8 --module stages.sft ...`` (or
+``torchrun --nproc-per-node 8 -m stages.sft ...``); every rank trains, only rank 0 writes outputs.
+
+Checkpoints: every ``checkpoint_every`` steps to ckpt_dir/step-N/ (written to a temporary folder, then
+renamed), the last ``keep_checkpoints`` kept. A later call with the same inputs resumes from the newest
+one and ends bitwise equal to an uninterrupted run (CPU; same thread count); checkpoints of other inputs
+(the fingerprint: config, seed, data, starting weights, world size) are discarded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import socket
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from coa.config import SftConfig, derive_seed, to_dict
+from coa.sft import IGNORE_INDEX, Batch, Example, collate_packed, collate_padded, encode_example, pack
+
+log = logging.getLogger(__name__)
+
+VARLEN = "coa_varlen"
+Attention = Literal["varlen", "mask"]
+LogFn = Callable[[int, dict[str, float]], None]
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def encode_trajectories(tokenizer: Any, records: Sequence[dict[str, Any]],
+                        max_len: int) -> tuple[list[Example], int]:
+    """Trajectory rows (prompt, domain, trajectory, weight) -> (Examples of <= max_len tokens, number cut).
+
+    The input text is ``render_prompt(tokenizer, prompt, domain)`` + the trajectory (coa.sft.encode_example).
+    """
+    from coa.prompts import render_prompt
+
+    examples, truncated = [], 0
+    for r in records:
+        ex = encode_example(tokenizer, render_prompt(tokenizer, r["prompt"], r["domain"]), r["trajectory"],
+                            weight=r["weight"])
+        if len(ex) > max_len:
+            truncated += 1
+            ex = Example(ex.input_ids[:max_len], ex.loss_mask[:max_len], ex.weight)
+        examples.append(ex)
+    return examples, truncated
+
+
+def make_rows(examples: Sequence[Example], cfg: SftConfig) -> list[list[int]]:
+    """The training rows: packed (first-fit decreasing into cfg.row_tokens) or one example per row."""
+    if cfg.pack:
+        return pack(examples, cfg.row_tokens)
+    return [[i] for i in range(len(examples))]
+
+
+def collate_rows(examples: Sequence[Example], rows: Sequence[Sequence[int]], width: int,
+                 pad_id: int) -> Batch:
+    """coa.sft.collate_packed without the [B, 1, T, T] mask (attention_mask is an empty tensor).
+
+    For the varlen attention, which takes sample boundaries from segment_ids: at 32k-token rows the
+    float mask alone would be 4 GiB per row.
+    """
+    b = len(rows)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    labels = torch.full((b, width), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((b, width), dtype=torch.long)
+    weights = torch.zeros((b, width), dtype=torch.float32)
+    segment_ids = torch.full((b, width), -1, dtype=torch.long)
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            ex = examples[i]
+            n = len(ex)
+            if at + n > width:
+                raise ValueError(f"row {r} holds more than {width} tokens")
+            ids = torch.tensor(ex.input_ids, dtype=torch.long)
+            target = torch.tensor(ex.loss_mask, dtype=torch.bool)
+            target[0] = False  # never predicted from the previous sample
+            input_ids[r, at : at + n] = ids
+            labels[r, at : at + n] = torch.where(target, ids, IGNORE_INDEX)
+            position_ids[r, at : at + n] = torch.arange(n)
+            weights[r, at : at + n] = target.float() * ex.weight
+            segment_ids[r, at : at + n] = i
+            at += n
+    return Batch(input_ids, labels, position_ids, torch.empty(0), weights, sum(map(len, rows)), segment_ids)
+
+
+def collate(examples: Sequence[Example], rows: Sequence[Sequence[int]], cfg: SftConfig, pad_id: int,
+            attention: Attention) -> Batch:
+    """One micro-batch, as wide as its longest row (at most cfg.row_tokens)."""
+    width = max(sum(len(examples[i]) for i in row) for row in rows)
+    if attention == "varlen":
+        return collate_rows(examples, rows, width, pad_id)
+    if cfg.pack:
+        return collate_packed(examples, rows, width, pad_id)
+    sub = [examples[row[0]] for row in rows]
+    batch = collate_padded(sub, pad_id)
+    index = torch.tensor([row[0] for row in rows])  # segment ids index the full examples list
+    seg = torch.where(batch.segment_ids >= 0, index[batch.segment_ids.clamp(min=0)], -1)
+    return Batch(batch.input_ids, batch.labels, batch.position_ids, batch.attention_mask, batch.weights,
+                 batch.n_samples, seg)
+
+
+def target_weight(ex: Example) -> float:
+    """The example's total loss weight: weight * its target tokens (the first token never is one)."""
+    return ex.weight * sum(ex.loss_mask[1:])
+
+
+def epoch_order(n_rows: int, seed: int, epoch: int) -> list[int]:
+    g = torch.Generator().manual_seed(derive_seed(seed, "sft", "epoch", str(epoch)))
+    return torch.randperm(n_rows, generator=g).tolist()
+
+
+def step_rows(n_rows: int, seed: int, step: int, per_step: int) -> list[int]:
+    """Row indices of optimizer step ``step`` in the chained per-epoch permutations."""
+    out, pos = [], step * per_step
+    while len(out) < per_step:
+        epoch, offset = divmod(pos, n_rows)
+        take = epoch_order(n_rows, seed, epoch)[offset : offset + per_step - len(out)]
+        out.extend(take)
+        pos += len(take)
+    return out
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def warmup_steps(total: int, warmup_ratio: float) -> int:
+    return min(total, math.ceil(warmup_ratio * total))
+
+
+def lr_factor(step: int, total: int, warmup_ratio: float, min_lr_ratio: float) -> float:
+    """Multiplier of the peak lr at optimizer step ``step`` (0-based): linear warm-up to 1 over
+    ceil(warmup_ratio * total) steps, then cosine decay reaching min_lr_ratio at the last step."""
+    w = warmup_steps(total, warmup_ratio)
+    if step < w:
+        return (step + 1) / w
+    span = total - 1 - w
+    progress = min(1.0, (step - w) / span) if span > 0 else 0.0
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: SftConfig, cpu_adam: bool = False) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on biases and norm weights)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    matrix = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]  # ZeRO-3 shards are flat
+    in_matrix = {id(p) for p in matrix}
+    rest = [p for p in params if id(p) not in in_matrix]
+    groups = [{"params": matrix, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    if cpu_adam:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, lr=cfg.lr, betas=tuple(cfg.betas), adamw_mode=True)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+# ----------------------------------------------------------------------------- attention and loss
+
+
+def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     coa_segments: list[tuple[list[int], list[bool]]] | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Causal attention within each sample of each row; a transformers attention function.
+
+    query: [B, H, T, D]; key, value: [B, Hkv, T, D]; coa_segments: per row, (run lengths summing to T,
+    whether each run is a sample (True) or padding). Returns ([B, T, H, D], None). Padding outputs are 0
+    (never targets, never attended to). Rows are split (not sliced) so the backward is one cat per row.
+    """
+    if coa_segments is None:  # plain causal attention over the row would mix its samples
+        raise RuntimeError(f"{type(module).__name__} did not pass coa_segments to its attention function; "
+                           "train this model with attention='mask'")
+    gqa = key.shape[1] != query.shape[1]
+    p = dropout if module.training else 0.0
+    rows = []
+    for q, k, v, (lengths, real) in zip(query.split(1), key.split(1), value.split(1), coa_segments,
+                                        strict=True):
+        parts = []
+        for qs, ks, vs, is_real in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), real,
+                                       strict=True):
+            if is_real:
+                parts.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=p, is_causal=True,
+                                                            scale=scaling, enable_gqa=gqa))
+            else:
+                parts.append(qs.new_zeros(qs.shape))
+        rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, 2))
+    out = rows[0] if len(rows) == 1 else torch.cat(rows, 0)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def segments(batch: Batch) -> list[tuple[list[int], list[bool]]]:
+    """Per row: lengths of the runs of equal segment id, and whether each run is a sample (not padding)."""
+    out = []
+    for row in batch.segment_ids:
+        values, counts = torch.unique_consecutive(row, return_counts=True)
+        out.append((counts.tolist(), (values >= 0).tolist()))
+    return out
+
+
+@contextmanager
+def attention_impl(model: torch.nn.Module, attention: Attention):
+    """Run the model with the varlen attention for the duration of the block (the config is restored)."""
+    if attention != "varlen":
+        yield
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN, varlen_attention)
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = VARLEN
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def batch_loss(model: Any, batch: Batch, attention: Attention,
+               mask_dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """(sum over target tokens of weight * cross entropy, number of target tokens) of one micro-batch.
+
+    Divided by the summed weights this is coa.sft.token_loss; logits exist only at positions followed by
+    a target: [N, V], N = target tokens.
+    """
+    target = batch.labels[:, 1:] != IGNORE_INDEX  # [B, T-1]: token t+1 is a target
+    keep = torch.zeros_like(batch.labels, dtype=torch.bool)
+    keep[:, :-1] = target
+    if attention == "varlen":
+        inputs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids,
+                  "coa_segments": segments(batch)}
+    else:
+        inputs = batch.model_inputs(mask_dtype)
+    logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits  # [N, V]
+    labels = batch.labels[:, 1:][target]
+    w = batch.weights[:, 1:][target]
+    ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    return (w * ce).sum(), int(labels.numel())
+
+
+def _autocast(dev: torch.device, dtype: torch.dtype | None) -> Any:
+    return torch.autocast(dev.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def fingerprint(model: torch.nn.Module, examples: Sequence[Example], cfg: SftConfig, seed: int, world: int,
+                attention: str, extra: str = "") -> str:
+    """What a checkpoint is only valid for: training config, seed, data, starting weights, world size."""
+    h = hashlib.sha256()
+    skip = ("checkpoint_every", "keep_checkpoints", "register_as")
+    conf = {k: v for k, v in to_dict(cfg).items() if k not in skip}
+    h.update(json.dumps([conf, seed, world, attention, extra], sort_keys=True).encode())
+    for ex in examples:
+        h.update(np.asarray(ex.input_ids, dtype=np.int64).tobytes())
+        h.update(np.asarray(ex.loss_mask, dtype=np.int8).tobytes())
+        h.update(np.float64(ex.weight).tobytes())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            flat = p.detach().reshape(-1)
+            h.update(f"{name}{tuple(p.shape)}{float(flat.float().sum()):.8e}".encode())
+            h.update(flat[:64].float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints (step, folder), oldest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for p in ckpt_dir.glob("step-*"):
+        if p.is_dir() and p.name[5:].isdigit() and (p / "trainer.pt").exists():
+            found.append((int(p.name[5:]), p))
+    return sorted(found)
+
+
+@dataclass
+class _State:
+    step: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- DeepSpeed
+
+
+def _dist_env() -> None:
+    """Single-process defaults for torch.distributed when no launcher set them."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+
+def deepspeed_config(cfg: SftConfig, world: int) -> dict[str, Any]:
+    """The DeepSpeed config dict built from cfg (no JSON file needed)."""
+    ds = cfg.deepspeed
+    zero: dict[str, Any] = {"stage": ds.zero_stage}
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if ds.zero_stage == 3:
+        zero.update(stage3_gather_16bit_weights_on_model_save=False)
+    return {
+        "train_micro_batch_size_per_gpu": cfg.rows_per_step,
+        "gradient_accumulation_steps": cfg.gradient_accumulation,
+        "train_batch_size": cfg.rows_per_step * cfg.gradient_accumulation * world,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,
+    }
+
+
+def zero3_loading(cfg: SftConfig) -> Any:
+    """Hold the returned object while calling ``from_pretrained`` (then drop it): with ZeRO-3 each rank then
+    loads only its shard of the weights instead of a full copy. None when ZeRO-3 is off."""
+    if not (cfg.deepspeed.enabled and cfg.deepspeed.zero_stage == 3):
+        return None
+    _dist_env()
+    import deepspeed
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig
+
+    deepspeed.init_distributed(dist_backend=cfg.deepspeed.dist_backend)
+    return HfDeepSpeedConfig(deepspeed_config(cfg, torch.distributed.get_world_size()))
+
+
+def _deepspeed_init(model: torch.nn.Module, cfg: SftConfig,
+                    lr_lambda: Callable[[int], float]) -> tuple[Any, Any]:
+    _dist_env()
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=cfg.deepspeed.dist_backend)
+    world = torch.distributed.get_world_size()
+    optimizer = build_optimizer(model, cfg, cpu_adam=cfg.deepspeed.offload_optimizer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                   config=deepspeed_config(cfg, world))
+    return engine, scheduler
+
+
+def _deepspeed_full_model(engine: Any, rank: int) -> torch.nn.Module | None:
+    """The float32 master weights gathered into a fresh model on rank 0 (a collective: every rank calls)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+    from transformers.initialization import no_init_weights
+
+    module = engine.module
+    state = {}
+    for name, p in module.named_parameters():
+        full = safe_get_full_fp32_param(p)
+        if rank == 0:
+            state[name] = (full if full is not None else p.detach()).float().cpu().clone()
+    if rank != 0:
+        return None
+    with no_init_weights():
+        fresh = type(module)._from_config(module.config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(state, strict=False)
+    tied = {k for k in missing if "lm_head" in k and getattr(module.config, "tie_word_embeddings", False)}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"gathering the DeepSpeed model: missing {missing}, unexpected {unexpected}")
+    fresh.tie_weights()
+    fresh.generation_config = module.generation_config
+    return fresh
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class TrainResult:
+    model: torch.nn.Module | None  # the trained float32 model; None on DeepSpeed ranks > 0
+    steps: int
+    epochs: float
+    rows: int  # rows per epoch
+    tokens: int  # real (non-padding) tokens trained, all steps
+    target_tokens: int
+    padding_fraction: float  # padding share of all row positions trained
+    first_loss: float
+    final_loss: float
+    mean_loss: float
+    tokens_per_s: float  # real tokens per second of training (this invocation)
+    train_s: float  # seconds in training steps (this invocation)
+    wall_s: float  # this call, setup and checkpoints included
+    resumed_from: int  # step of the checkpoint resumed from (0: fresh start)
+    history: list[dict[str, float]]  # per-step metrics, also of steps before a resume
+
+
+def train_sft(
+    model: torch.nn.Module,
+    examples: Sequence[Example],
+    cfg: SftConfig,
+    *,
+    seed: int,
+    pad_id: int,
+    ckpt_dir: str | Path | None = None,
+    log_fn: LogFn | None = None,
+    attention: Attention = "varlen",
+    device: str | torch.device | None = None,
+    fingerprint_extra: str = "",
+    progress: bool = True,
+) -> TrainResult:
+    """Fine-tune ``model`` on ``examples`` per ``cfg``; see the module docstring.
+
+    log_fn(step, metrics) is called after every optimizer step (1-based step) with loss, lr, grad_norm,
+    tokens, target_tokens, padding_fraction, tokens_per_s, step_s, epoch; an exception it raises stops
+    training (the last checkpoint stays). ``fingerprint_extra`` adds to what checkpoints are valid for.
+    """
+    start_wall = time.perf_counter()
+    if not examples:
+        raise ValueError("no examples to train on")
+    too_long = [i for i, ex in enumerate(examples) if len(ex) > cfg.max_len]
+    if too_long:
+        raise ValueError(f"{len(too_long)} examples are longer than max_len={cfg.max_len} (truncate them)")
+    use_ds = cfg.deepspeed.enabled
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not use_ds:
+        raise RuntimeError(f"WORLD_SIZE={world}: multi-process training needs sft.deepspeed.enabled: true")
+    rows = make_rows(examples, cfg)
+    per_micro = cfg.rows_per_step
+    per_step = per_micro * cfg.gradient_accumulation * world
+    total = max(1, math.ceil(cfg.epochs * len(rows) / per_step))
+    weights = [target_weight(ex) for ex in examples]
+    ckpt = Path(ckpt_dir) if ckpt_dir is not None else None
+    fp = fingerprint(model, examples, cfg, seed, world, attention, fingerprint_extra) if ckpt else ""
+
+    def lr_lambda(s: int) -> float:
+        return lr_factor(s, total, cfg.warmup_ratio, cfg.min_lr_ratio)
+
+    autocast_dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else None
+    if use_ds:
+        engine, scheduler = _deepspeed_init(model, cfg, lr_lambda)
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        run, dev = engine, engine.device
+        optimizer = None
+        mask_dtype = torch.bfloat16 if autocast_dtype else torch.float32
+        autocast_dtype = None  # DeepSpeed's bf16 mode casts the module itself
+    else:
+        rank, engine = 0, None
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        model.to(dev)
+        optimizer = build_optimizer(model, cfg)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+        run = model
+        mask_dtype = autocast_dtype or torch.float32
+    main = rank == 0
+
+    state = _State()
+    if ckpt is not None:
+        state = _resume(ckpt, fp, model, optimizer, scheduler, engine, rank)
+    resumed_from = state.step
+    if resumed_from:
+        log.info("sft: resumed from %s/step-%d", ckpt, resumed_from)
+    log.info("sft: %d examples in %d rows, %d steps of %d rows (%d warm-up), %s attention%s", len(examples),
+             len(rows), total, per_step, warmup_steps(total, cfg.warmup_ratio), attention,
+             f", DeepSpeed ZeRO-{cfg.deepspeed.zero_stage} x{world}" if use_ds else "")
+
+    model.train()
+    train_s, tokens_here = 0.0, 0
+    bar = tqdm(total=total, initial=state.step, desc="sft", unit="step", disable=not (progress and main),
+               mininterval=2)
+    with attention_impl(model, attention):
+        for step in range(state.step, total):
+            t0 = time.perf_counter()
+            step_idx = step_rows(len(rows), seed, step, per_step)
+            total_w = sum(weights[i] for r in step_idx for i in rows[r])
+            lr = scheduler.get_last_lr()[0]
+            loss_sum, n_tok, n_target, n_pos = 0.0, 0, 0, 0
+            for m in range(cfg.gradient_accumulation):
+                at = (m * world + rank) * per_micro
+                micro = [rows[r] for r in step_idx[at : at + per_micro]]
+                batch = collate(examples, micro, cfg, pad_id, attention).to(dev)
+                with _autocast(dev, autocast_dtype):
+                    s, n = batch_loss(run, batch, attention, mask_dtype)
+                scaled = s / total_w if total_w > 0 else s * 0.0
+                if use_ds:
+                    engine.backward(scaled * world, scale_wrt_gas=False)
+                    engine.step()
+                else:
+                    scaled.backward()
+                loss_sum += float(s.detach())
+                n_target += n
+                n_tok += int((batch.segment_ids >= 0).sum())
+                n_pos += batch.segment_ids.numel()
+            if use_ds:
+                grad_norm = engine.get_global_grad_norm()
+                grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+                if world > 1:
+                    agg = torch.tensor([loss_sum, n_tok, n_target, n_pos], dtype=torch.float64, device=dev)
+                    torch.distributed.all_reduce(agg)
+                    loss_sum, n_tok, n_target, n_pos = agg[0].item(), int(agg[1]), int(agg[2]), int(agg[3])
+            else:
+                max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            train_s += dt
+            tokens_here += n_tok
+            metrics = {"loss": loss_sum / total_w if total_w > 0 else 0.0, "lr": lr, "grad_norm": grad_norm,
+                       "tokens": n_tok, "target_tokens": n_target,
+                       "padding_fraction": 1 - n_tok / max(n_pos, 1), "tokens_per_s": n_tok / dt,
+                       "step_s": dt, "epoch": (step + 1) * per_step / len(rows)}
+            state.history.append({"step": step + 1, **metrics})
+            state.step = step + 1
+            if ckpt is not None and state.step % cfg.checkpoint_every == 0 and state.step < total:
+                _save(ckpt, state, fp, model, optimizer, scheduler, engine, rank, cfg.keep_checkpoints)
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}",
+                            refresh=False)
+            if log_fn is not None and main:
+                log_fn(step + 1, metrics)
+    bar.close()
+
+    final = _deepspeed_full_model(engine, rank) if use_ds else model
+    if final is not None:
+        final.eval()
+    h = state.history
+    losses = [x["loss"] for x in h]
+    n_tokens = sum(x["tokens"] for x in h)
+    n_pos_all = sum(x["tokens"] / max(1 - x["padding_fraction"], 1e-12) for x in h)
+    return TrainResult(
+        model=final, steps=total, epochs=total * per_step / len(rows), rows=len(rows), tokens=int(n_tokens),
+        target_tokens=int(sum(x["target_tokens"] for x in h)),
+        padding_fraction=1 - n_tokens / n_pos_all if n_pos_all else 0.0,
+        first_loss=losses[0], final_loss=losses[-1], mean_loss=sum(losses) / len(losses),
+        tokens_per_s=tokens_here / train_s if train_s else 0.0, train_s=train_s,
+        wall_s=time.perf_counter() - start_wall, resumed_from=resumed_from, history=h)
+
+
+def _save(ckpt: Path, state: _State, fp: str, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+          engine: Any, rank: int, keep: int) -> None:
+    """Write ckpt/step-N atomically (a temporary folder renamed), then drop all but the newest ``keep``."""
+    final = ckpt / f"step-{state.step}"
+    tmp = ckpt / f".tmp-step-{state.step}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if engine is not None:
+        torch.distributed.barrier()
+        engine.save_checkpoint(str(tmp), tag="ds")
+        torch.save(_rng_state(), tmp / f"rng-{rank}.pt")
+        torch.distributed.barrier()
+    else:
+        torch.save(model.state_dict(), tmp / "model.pt")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(_rng_state(), tmp / "rng-0.pt")
+    if rank == 0:
+        torch.save({"step": state.step, "fingerprint": fp, "scheduler": scheduler.state_dict(),
+                    "history": state.history}, tmp / "trainer.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for _, old in checkpoints(ckpt)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    if engine is not None:
+        torch.distributed.barrier()
+
+
+def _resume(ckpt: Path, fp: str, model: torch.nn.Module, optimizer: Any, scheduler: Any, engine: Any,
+            rank: int) -> _State:
+    """Load the newest checkpoint made for the same fingerprint; discard others and leftovers."""
+    if rank == 0 and ckpt.is_dir():
+        for tmp in ckpt.glob(".tmp-step-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    if engine is not None:
+        torch.distributed.barrier()
+    for step, path in reversed(checkpoints(ckpt)):
+        meta = torch.load(path / "trainer.pt", weights_only=False)
+        if meta["fingerprint"] != fp:
+            log.warning("sft: %s was made for other inputs (config, data or base model); discarding it", path)
+            if engine is not None:
+                torch.distributed.barrier()
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            continue
+        if engine is not None:
+            engine.load_checkpoint(str(path), tag="ds", load_optimizer_states=True,
+                                   load_lr_scheduler_states=True)
+        else:
+            model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        scheduler.load_state_dict(meta["scheduler"])
+        rng = path / f"rng-{rank}.pt"
+        if rng.exists():
+            _set_rng_state(torch.load(rng, weights_only=False))
+        return _State(step=step, history=list(meta["history"]))
+    return _State()

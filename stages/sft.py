@@ -1,0 +1,147 @@
+"""sft: observation-masked fine-tuning of the base policy on the distilled trajectories -> models/sft/.
+
+    dvc repro sft
+    python -m stages.sft --trajectories data/trajectories.parquet --base models/base \\
+        --checkpoints .cache/sft --out models/sft --metrics metrics/sft.json --plots plots/sft_loss.json
+
+Each trajectory is trained as render_prompt(question, domain) + trajectory + eos; the loss falls on the
+policy's own tokens only (coa.sft), weighted by the trajectory's weight. The training loop is
+coa.train.train_sft; every `sft.checkpoint_every` steps it writes a resumable checkpoint under
+`--checkpoints`, so a killed run started again continues where it stopped (and ends bitwise equal);
+the folder is removed once the model is written. Step metrics (loss, lr, grad norm, tokens/s) go to
+MLflow and the loss curve to `--plots`; the model is logged and registered as `sft.register_as`.
+
+Many GPUs: set `sft.deepspeed.enabled: true` and `dist_backend: nccl` (configs/paper.yaml), then
+
+    deepspeed --num_gpus 8 --module stages.sft <the arguments above>
+    torchrun --nproc-per-node 8 -m stages.sft <the arguments above>
+
+Every rank trains its share of each step; rank 0 alone writes the outputs and logs to MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from coa.config import derive_seed, to_dict
+from coa.io import read_table, write_json
+from coa.model import RESOLVED_CONFIG, load_pretrained, save_pretrained
+from coa.train import TrainResult, encode_trajectories, train_sft, zero3_loading
+from schemas import Trajectory
+from stages._stage import Stage
+
+log = logging.getLogger("coa")
+PLOT_KEYS = ("loss", "lr", "grad_norm", "epoch")
+
+
+def _register(model_dir: Path, name: str, tags: dict[str, str]) -> str | None:
+    """Log the model folder to the active MLflow run and register it as ``name``; the new version."""
+    import mlflow
+
+    run = mlflow.active_run()
+    mlflow.log_artifacts(str(model_dir), artifact_path="model")
+    client = mlflow.MlflowClient()
+    try:
+        try:
+            client.get_registered_model(name)
+        except mlflow.exceptions.MlflowException:
+            client.create_registered_model(name)
+        # the folder's artifact URI as the source (not runs:/..., which MLflow 3 resolves to a LoggedModel)
+        version = client.create_model_version(name, source=mlflow.get_artifact_uri("model"),
+                                              run_id=run.info.run_id, tags=tags)
+    except Exception as err:  # a tracking server without a model registry: the run still has the model
+        log.warning("sft: could not register %s in the MLflow model registry: %s", name, err)
+        return None
+    log.info("sft: registered %s version %s", name, version.version)
+    return str(version.version)
+
+
+def _num(x: float) -> float | None:
+    return round(float(x), 6) if math.isfinite(x) else None
+
+
+def _metrics(records: list[dict[str, Any]], examples: list, truncated: int,
+             result: TrainResult) -> dict[str, Any]:
+    dataset_tokens = sum(len(ex) for ex in examples)
+    dataset_targets = sum(sum(ex.loss_mask[1:]) for ex in examples)
+    m: dict[str, Any] = {
+        "examples": len(examples), "truncated": truncated, "rows_per_epoch": result.rows,
+        "steps": result.steps, "epochs": round(result.epochs, 4), "dataset_tokens": dataset_tokens,
+        "dataset_target_tokens": dataset_targets,
+        "target_fraction": round(dataset_targets / max(dataset_tokens, 1), 4),
+        "tokens_trained": result.tokens, "target_tokens_trained": result.target_tokens,
+        "padding_fraction": round(result.padding_fraction, 4),
+        "tokens_per_s": round(result.tokens_per_s, 1), "first_loss": round(result.first_loss, 4),
+        "final_loss": round(result.final_loss, 4), "mean_loss": round(result.mean_loss, 4),
+        "train_s": round(result.train_s, 2), "resumed_from_step": result.resumed_from,
+    }
+    for domain, n in sorted(Counter(r["domain"] for r in records).items()):
+        m[f"{domain}.examples"] = n
+    return m
+
+
+def main(argv: list[str] | None = None) -> None:
+    # the deepspeed launcher appends --local_rank=N unless given --no_local_rank; LOCAL_RANK is in the env
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
+    inputs = {"trajectories": "SFT trajectories (parquet)", "base": "starting policy folder",
+              "checkpoints": "resume checkpoints folder (removed after a finished run)"}
+    st = Stage("sft", argv, inputs=inputs,
+               outputs={"out": "the fine-tuned policy (HF folder)", "metrics": "figures (JSON)",
+                        "plots": "loss curve (JSON rows: step, loss, lr, grad_norm, epoch)"})
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    with st if main_rank else nullcontext(st):
+        cfg, seed = st.params.sft, st.params.common.seed
+        records = read_table(st.args.trajectories, Trajectory).sort("task_id").select(
+            "task_id", "domain", "prompt", "trajectory", "weight").to_dicts()
+        if not records:
+            raise SystemExit(f"{st.args.trajectories}: no trajectories to train on; "
+                             "check the distill stage's filters")
+        hold = zero3_loading(cfg)  # ZeRO-3: each rank loads only its shard of the weights
+        model, tok = load_pretrained(st.args.base)
+        del hold
+        start = time.perf_counter()
+        examples, truncated = encode_trajectories(tok, records, cfg.max_len)
+        log.info("sft: %d trajectories tokenised in %.1f s (%d tokens)", len(examples),
+                 time.perf_counter() - start, sum(map(len, examples)))
+        if truncated:
+            log.warning("sft: %d of %d trajectories are longer than sft.max_len=%d tokens and were cut",
+                        truncated, len(examples), cfg.max_len)
+
+        def log_step(step: int, metrics: dict[str, float]) -> None:
+            st.run.log_metrics({"train": metrics}, step=step)
+
+        result = train_sft(model, examples, cfg, seed=derive_seed(seed, "sft"), pad_id=tok.pad_token_id,
+                           ckpt_dir=st.args.checkpoints, log_fn=log_step if main_rank else None)
+        if not main_rank:
+            return
+
+        out = Path(st.args.out)
+        shutil.rmtree(out, ignore_errors=True)
+        base_cfg = Path(st.args.base) / RESOLVED_CONFIG
+        resolved = {"common": to_dict(st.params.common), "sft": to_dict(cfg),
+                    "base_model": json.loads(base_cfg.read_text()) if base_cfg.exists() else None}
+        save_pretrained(result.model, tok, out, resolved)
+        write_json(st.args.plots, [{"step": int(h["step"]), **{k: _num(h[k]) for k in PLOT_KEYS}}
+                                   for h in result.history])
+        metrics = _metrics(records, examples, truncated, result)
+        log.info("sft: %d steps, %.0f tokens/s, loss %.3f -> %.3f", result.steps, result.tokens_per_s,
+                 result.first_loss, result.final_loss)
+        version = _register(out, cfg.register_as, {"coa.stage": "sft"})
+        st.run.set_tags({"coa.registered_model": cfg.register_as,
+                         "coa.registered_version": version or "none"})
+        st.finish(metrics)
+        shutil.rmtree(st.args.checkpoints, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
