@@ -278,12 +278,100 @@ class DistillConfig:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    kind: Literal["hf", "vllm", "openai"] = _help(
+        "hf: transformers with a KV cache, batched (CPU or GPU); vllm: in-process vllm.LLM (GPU; its own venv, see "
+        "README); openai: HTTP to an OpenAI-compatible completions server.")
+    dtype: Literal["float32", "bfloat16"] = _help("hf/vllm: weights and compute dtype.")
+    max_batch: int = _help("hf: trajectories decoded together; vllm/openai: requests in flight.")
+    base_url: str = _help("openai: the server, e.g. http://127.0.0.1:8000/v1.")
+    served_model: str = _help("openai: the served model name.")
+    api_key_env: str = _help("openai: the environment variable holding the API key (unset = no key).")
+
+    def __post_init__(self) -> None:
+        _require(self.max_batch >= 1, "<stage>.engine.max_batch", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class DifficultyConfig:
+    domains: list[str] = _help("Domains whose tasks are filtered (the paper: the web QA tasks); others pass, kept.")
+    splits: list[str] = _help("Splits whose tasks are filtered; the rest (eval) pass through, kept.")
+    model_path: str = _help("The closed-book reference: a Hugging Face folder (the base stage's models/reference, "
+                            "or one under inputs/models) or, with engine.kind=openai, the tokenizer folder.")
+    engine: EngineConfig = _help("How the reference is run.")
+    n_samples: int = _help("Answers sampled per task (paper: 32); r_q = mean exact match over them.")
+    temperature: float = _help("Sampling temperature of the reference.")
+    top_p: float = _help("Nucleus sampling of the reference.")
+    max_new_tokens: int = _help("Longest closed-book answer, in tokens (it stops earlier at a newline or eos).")
+    max_pass_rate: float = _help("Keep a task when r_q <= this (paper: 0.3).")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "difficulty.domains",
+                 "must be a non-empty subset of [web, math, code]")
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "difficulty.splits",
+                 f"must be a non-empty subset of {list(SPLITS)}")
+        _require(self.n_samples >= 1, "difficulty.n_samples", "must be >= 1")
+        _require(self.temperature >= 0, "difficulty.temperature", "must be >= 0 (0 = greedy)")
+        _require(0 < self.top_p <= 1, "difficulty.top_p", "must be within (0, 1]")
+        _require(self.max_new_tokens >= 1, "difficulty.max_new_tokens", "must be >= 1")
+        _require(0 <= self.max_pass_rate <= 1, "difficulty.max_pass_rate", "must be within [0, 1]")
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    enabled: bool = _help("Train through DeepSpeed ZeRO (else plain PyTorch); launch many GPUs with `deepspeed` "
+                          "or `accelerate launch`.")
+    zero_stage: int = _help("ZeRO stage: 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters) sharded.")
+    dist_backend: Literal["gloo", "nccl"] = _help("torch.distributed backend: gloo on CPU, nccl on GPUs.")
+    offload_optimizer: bool = _help("Keep optimizer states in CPU memory (ZeRO-Offload).")
+
+    def __post_init__(self) -> None:
+        _require(self.zero_stage in (1, 2, 3), "sft.deepspeed.zero_stage", "must be 1, 2 or 3")
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    max_len: int = _help("Longest sample in tokens (prompt + trajectory); longer ones are truncated and counted.")
+    pack: bool = _help("Pack several samples per row (attention confined to each); false = one padded sample per row.")
+    row_tokens: int = _help("Tokens per packed row.")
+    rows_per_step: int = _help("Rows per optimizer step (per device; times gradient_accumulation).")
+    gradient_accumulation: int = _help("Micro-batches per optimizer step.")
+    epochs: float = _help("Passes over the trajectories (fractions allowed); the paper: 2-2.5.")
+    lr: float = _help("Peak learning rate (AdamW; the paper: 1.4e-5 at 32B).")
+    min_lr_ratio: float = _help("Cosine decay ends at lr * this.")
+    warmup_ratio: float = _help("Share of steps with linear warm-up (the paper: 0.1).")
+    weight_decay: float = _help("AdamW decoupled weight decay.")
+    betas: list[float] = _help("AdamW betas.")
+    grad_clip: float = _help("Clip the gradient norm to this (0 = off).")
+    dtype: Literal["float32", "bfloat16"] = _help("Autocast dtype (float32 master weights either way).")
+    checkpoint_every: int = _help("Steps between resumable checkpoints (model, optimizer, scheduler, data order, RNG).")
+    keep_checkpoints: int = _help("Most recent checkpoints kept.")
+    register_as: str = _help("MLflow registered-model name of the result.")
+    deepspeed: DeepSpeedConfig = _help("ZeRO sharding (GPU clusters; runs on CPU with gloo).")
+
+    def __post_init__(self) -> None:
+        for name in ("max_len", "row_tokens", "rows_per_step", "gradient_accumulation", "checkpoint_every",
+                     "keep_checkpoints"):
+            _require(getattr(self, name) >= 1, f"sft.{name}", "must be >= 1")
+        _require(self.row_tokens >= self.max_len, "sft.row_tokens", f"must be >= max_len ({self.max_len})")
+        _require(self.epochs > 0, "sft.epochs", "must be > 0")
+        _require(self.lr > 0, "sft.lr", "must be > 0")
+        _require(0 <= self.min_lr_ratio <= 1, "sft.min_lr_ratio", "must be within [0, 1]")
+        _require(0 <= self.warmup_ratio < 1, "sft.warmup_ratio", "must be within [0, 1)")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "sft.betas",
+                 "must be two numbers in [0, 1)")
+        _require(self.grad_clip >= 0, "sft.grad_clip", "must be >= 0 (0 = off)")
+
+
+@dataclass(frozen=True)
 class Params:
     common: CommonConfig = _help("Shared by every stage.")
     curate: CurateConfig = _help("The curate stage.")
     base: BaseConfig = _help("The base stage.")
     index: IndexConfig = _help("The index stage.")
+    difficulty: DifficultyConfig = _help("The difficulty stage.")
     distill: DistillConfig = _help("The distill stage.")
+    sft: SftConfig = _help("The sft stage.")
 
     def section(self, name: str) -> Any:
         return getattr(self, name)

@@ -67,6 +67,18 @@ def _overlaps(start: int, end: int, spans: Sequence[tuple[int, int]]) -> bool:
     return False
 
 
+def runtime_spans(text: str) -> list[tuple[int, int]]:
+    """What the runtime wrote: every observation block plus the newline joining it to the policy's text on
+    each side (the rollout engine appends ``"\n<observation>" + obs + "</observation>\n"`` after a tool
+    call), so SFT and RL mask exactly the same tokens."""
+    out = []
+    for start, end in observation_spans(text):
+        start -= start > 0 and text[start - 1] == "\n"
+        end += end < len(text) and text[end] == "\n"
+        out.append((start, end))
+    return out
+
+
 def encode_example(
     tokenizer: Any, prompt_text: str, response: str, weight: float = 1.0, max_len: int | None = None
 ) -> Example:
@@ -76,7 +88,8 @@ def encode_example(
     is the trajectory. Prompt and response are tokenised separately (``add_special_tokens=False``: the
     rendered prompt carries whatever the chat template puts there) and concatenated, so no token spans
     the boundary; ``tokenizer.eos_token_id`` is appended to the response. Within the response, a token
-    whose character offsets overlap an observation span is masked 0. Truncated to ``max_len`` tokens
+    whose character offsets overlap an observation span (with its joining newlines, `runtime_spans`) is
+    masked 0. Truncated to ``max_len`` tokens
     (the start is kept).
 
     Returns an Example with L = len(prompt ids) + len(response ids) + 1 (before truncation).
@@ -85,7 +98,7 @@ def encode_example(
         raise ValueError("the tokenizer has no eos token")
     prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
     enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
-    spans = observation_spans(response)
+    spans = runtime_spans(response)
     response_mask = [0 if _overlaps(s, e, spans) else 1 for s, e in enc["offset_mapping"]]
     input_ids = list(prompt_ids) + list(enc["input_ids"]) + [tokenizer.eos_token_id]
     loss_mask = [0] * len(prompt_ids) + response_mask + [1]

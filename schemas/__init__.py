@@ -9,14 +9,16 @@
 from schemas.artifacts import (
     DOCUMENT_DTYPES,
     TASK_DTYPES,
+    TASK_STATS_DTYPES,
     TRAJECTORY_DTYPES,
     TRANSCRIPT_DTYPES,
     Document,
     Reject,
     Task,
+    TaskStats,
     Trajectory,
     Transcript,
 )
 
-__all__ = ["DOCUMENT_DTYPES", "TASK_DTYPES", "TRAJECTORY_DTYPES", "TRANSCRIPT_DTYPES", "Document", "Reject", "Task",
+__all__ = ["DOCUMENT_DTYPES", "TASK_DTYPES", "TASK_STATS_DTYPES", "TRAJECTORY_DTYPES", "TRANSCRIPT_DTYPES", "Document", "Reject", "Task", "TaskStats",
            "Trajectory", "Transcript"]

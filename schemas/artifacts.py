@@ -122,3 +122,26 @@ class Trajectory(pa.DataFrameModel):
 
     class Config:
         strict = True
+
+
+TASK_STATS_DTYPES = {"task_id": pl.Utf8, "domain": pl.Utf8, "split": pl.Utf8, "n_samples": pl.Int64,
+                     "n_correct": pl.Int64, "r_q": pl.Float64, "kept": pl.Boolean}
+
+
+class TaskStats(pa.DataFrameModel):
+    """data/difficulty.parquet: the closed-book pass rate of every task (the difficulty filter)."""
+
+    task_id: str = pa.Field(unique=True)
+    domain: str = pa.Field(isin=list(DOMAINS))
+    split: str = pa.Field(isin=list(SPLITS))
+    n_samples: int = pa.Field(ge=0, description="Closed-book answers sampled; 0 for tasks the filter does not cover")
+    n_correct: int = pa.Field(ge=0, description="Of them, how many coa.rewards.check accepts")
+    r_q: float = pa.Field(nullable=True, ge=0, le=1, description="n_correct / n_samples; null when not sampled")
+    kept: bool = pa.Field(description="r_q <= difficulty.max_pass_rate, or not covered by the filter")
+
+    class Config:
+        strict = True
+
+    @pa.dataframe_check(error="n_correct must not exceed n_samples")
+    def correct_within_samples(cls, data) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col("n_correct") <= pl.col("n_samples"))

@@ -166,3 +166,22 @@ class Stage:
         write_json(path, metrics)
         self.run.log_metrics(metrics)
         log.info("%s: done in %.1f s", self.name, self.elapsed)
+
+
+def engine_from(cfg: Any, model_path: str) -> Any:
+    """A rollout engine from an `engine:` params section (coa.config.EngineConfig) and a model folder."""
+    from coa.rollout import make_engine
+
+    if cfg.kind == "hf":
+        device = "cuda" if _cuda() else "cpu"
+        return make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device)
+    if cfg.kind == "vllm":
+        return make_engine("vllm", model_path, dtype=cfg.dtype)
+    return make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
+                       api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,7 +1,8 @@
 """distill: the teacher team on the SFT tasks -> transcripts, chain-of-agents trajectories, SFT filters, exports.
 
     dvc repro distill
-    python -m stages.distill --tasks data/tasks.parquet --index data/index --base models/base \\
+    python -m stages.distill --tasks data/tasks.parquet --difficulty data/difficulty.parquet \\
+        --index data/index --base models/base \\
         --transcripts data/transcripts.parquet --trajectories data/trajectories.parquet \\
         --rejects data/rejects/distill.parquet --export data/export --cache .cache/distill --metrics metrics/distill.json
 
@@ -48,7 +49,7 @@ from coa.prompts import system_prompt
 from coa.rewards import check, f1
 from coa.teacher import TeamLimits, Transcript, run_team, team_factory
 from coa.tools import ToolSession, build_tools
-from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, Trajectory
+from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, TaskStats, Trajectory
 from schemas import Transcript as TranscriptSchema
 from stages._stage import Stage, md5_path
 
@@ -65,13 +66,19 @@ def _cache_salt(params: Any, index_dir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    with Stage("distill", argv, inputs={"tasks": "tasks (parquet)", "index": "search index folder",
+    with Stage("distill", argv, inputs={"tasks": "tasks (parquet)",
+                                        "difficulty": "per-task pass rates (parquet): only kept tasks are distilled",
+                                        "index": "search index folder",
                                         "base": "policy folder (its tokenizer counts tokens)",
                                         "cache": "resume cache folder"},
                outputs={"transcripts": "transcripts (parquet)", "trajectories": "trajectories (parquet)",
                         "rejects": "rejects (parquet)", "export": "exports folder", "metrics": "figures (JSON)"}) as st:
         cfg, seed = st.params.distill, st.params.common.seed
+        kept = read_table(st.args.difficulty, TaskStats).filter(pl.col("kept")).select("task_id")
         tasks = read_table(st.args.tasks, Task).filter(pl.col("split").is_in(cfg.splits)).sort("task_id")
+        too_easy = tasks.height
+        tasks = tasks.join(kept, on="task_id", how="semi")
+        too_easy -= tasks.height
         if cfg.max_tasks:
             tasks = tasks.head(cfg.max_tasks)
         rows = tasks.to_dicts()
@@ -152,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         (export / "sharegpt.jsonl").write_text(jsonl(sharegpt_records(kept)))
         (export / "llamafactory" / "coa_sft.jsonl").write_text(jsonl(llamafactory_records(kept)))
         write_json(export / "llamafactory" / "dataset_info.json", llamafactory_dataset_info("coa_sft.jsonl"))
-        st.finish(_metrics(transcripts, kept, rejects, teacher_s, resumed))
+        st.finish({**_metrics(transcripts, kept, rejects, teacher_s, resumed), "skipped_too_easy": too_easy})
 
 
 def _metrics(transcripts: list[dict], kept: list[dict], rejects: list[tuple[dict, str]], teacher_s: float,

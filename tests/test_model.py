@@ -45,6 +45,9 @@ def test_tiny_model_size_seed_and_save_load(repo_root, tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
     loaded_tok = AutoTokenizer.from_pretrained(tmp_path / "m")
     assert json.loads((tmp_path / "m" / M.RESOLVED_CONFIG).read_text()) == {"base": {"kind": "tiny"}}
+    sample = "Marta Kellon was born in 1961.\n<think>so 1961</think> it's 42 o'clock"
+    assert loaded_tok(sample)["input_ids"] == tok(sample)["input_ids"]  # the reloaded tokenizer is the trained one
+    assert [t for t in tok.tokenize(" in 1961") if t.strip("Ġ")] == ["Ġin", "1", "9", "6", "1"]  # digits one by one
     ids = torch.tensor([loaded_tok("Marta Kellon")["input_ids"]])
     with torch.no_grad():
         assert torch.allclose(model(ids).logits, loaded(ids).logits, atol=1e-6)

@@ -56,8 +56,8 @@ def test_bfloat16_runs(web_model, tok, requests_of):
 @pytest.mark.parametrize("name", ["web", "math"])
 def test_rollout_token_layout_equals_the_sft_encoding(tok, name):
     """A policy that writes a teacher trajectory, fed the trajectory's observations by the tools, yields the
-    token ids coa.sft.encode_example gives (minus the final eos); the masks agree except on the two join
-    newlines around each observation, which the runtime writes (mask 0) and SFT trains on (mask 1)."""
+    token ids and loss mask coa.sft.encode_example gives (minus the final eos): the join newlines around each
+    observation are the runtime's in both (mask 0)."""
     trajectory = (FIXTURES / f"{name}.trajectory.txt").read_text()
     domain = "web" if name == "web" else "math"
     prompt = render_prompt(tok, "the fixture's question", domain)
@@ -79,11 +79,10 @@ def test_rollout_token_layout_equals_the_sft_encoding(tok, name):
     assert r.prompt_ids == example.input_ids[:n_prompt]
     assert r.response_ids == example.input_ids[n_prompt:-1]  # SFT appends the eos after </answer>
     assert r.text == trajectory and r.finish == "answer" and len(calls) == r.n_tool_calls > 0
-    newline = tok("\n", add_special_tokens=False)["input_ids"]
-    sft_mask = example.loss_mask[n_prompt:-1]
-    differ = [i for i, (a, b) in enumerate(zip(r.loss_mask, sft_mask, strict=True)) if a != b]
-    assert len(differ) == 2 * r.n_tool_calls
-    assert all(r.response_ids[i] == newline[0] and (r.loss_mask[i], sft_mask[i]) == (0, 1) for i in differ)
+    assert r.loss_mask == example.loss_mask[n_prompt:-1]
+    newline = tok("\n", add_special_tokens=False)["input_ids"][0]
+    unmasked = [t for t, m in zip(r.response_ids, r.loss_mask, strict=True) if m == 0]
+    assert unmasked.count(newline) >= 2 * r.n_tool_calls
     positions = sorted(set(model.base.fed))  # every token fed exactly where the script has it
     assert positions[-1][0] == len(example.input_ids) - 3  # all but the last two (the stop and eos)
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from coa.io import read_table
-from schemas import Document, Reject, Task, Trajectory, Transcript
+from schemas import Document, Reject, Task, TaskStats, Trajectory, Transcript
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL_SKIP = {".git", "data", "models", ".mlflow", ".cache", ".pytest_cache", ".hypothesis", ".ruff_cache"}
@@ -42,13 +42,16 @@ SMOKE = {
     "base": {"reference": "none", "tokenizer": {"vocab_size": 1024, "min_frequency": 2},
              "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                       "num_key_value_heads": 1, "intermediate_size": 128}},
+    "difficulty": {"model_path": "models/base", "n_samples": 2, "engine": {"dtype": "float32", "max_batch": 64}},
     "distill": {"workers": 2},
+    "sft": {"max_len": 1024, "row_tokens": 1024, "rows_per_step": 2, "epochs": 0.5, "checkpoint_every": 5},
 }
 DATA = ["data/tasks.parquet", "data/corpus.parquet", "data/rejects/curate.parquet",
         "models/base/model.safetensors", "models/base/tokenizer.json",
         "data/index/docs.json", "data/index/data.csc.index.npy", "data/index/vocab.tokenizer.json",
+        "data/difficulty.parquet", "data/rejects/difficulty.parquet",
         "data/transcripts.parquet", "data/trajectories.parquet", "data/rejects/distill.parquet",
-        "data/export/sharegpt.jsonl"]
+        "data/export/sharegpt.jsonl", "models/sft/model.safetensors"]
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -169,7 +172,10 @@ def test_distill_outputs_reconcile_and_parse(smoke_repo):
     kept = read_table(smoke_repo / "data/trajectories.parquet", Trajectory)
     rejects = read_table(smoke_repo / "data/rejects/distill.parquet", Reject)
     m = yaml.safe_load((smoke_repo / "metrics/distill.json").read_text())
-    tasks = read_table(smoke_repo / "data/tasks.parquet", Task).filter(pl.col("split") == "sft")
+    stats = read_table(smoke_repo / "data/difficulty.parquet", TaskStats)
+    all_sft = read_table(smoke_repo / "data/tasks.parquet", Task).filter(pl.col("split") == "sft")
+    tasks = all_sft.join(stats.filter(pl.col("kept")), on="task_id", how="semi")
+    assert m["skipped_too_easy"] == all_sft.height - tasks.height
     assert transcripts.height == tasks.height == m["tasks"] == kept.height + rejects.height
     assert m["kept"] == kept.height and sum(m[f"rejected_{f}"] for f in ("correct", "min_tool_calls",
                                                                             "web_reflection", "malformed")) == rejects.height
@@ -179,6 +185,44 @@ def test_distill_outputs_reconcile_and_parse(smoke_repo):
     assert (kept["weight"] > 1).sum() == kept["self_corrected"].sum() > 0
     lines = (smoke_repo / "data/export/sharegpt.jsonl").read_text().splitlines()
     assert len(lines) == kept.height
+
+
+@pytest.mark.slow
+def test_sft_trains_and_registers_the_policy(smoke_repo):
+    import mlflow
+    from transformers import AutoModelForCausalLM
+
+    m = yaml.safe_load((smoke_repo / "metrics/sft.json").read_text())
+    curve = yaml.safe_load((smoke_repo / "plots/sft_loss.json").read_text())
+    assert m["steps"] == len(curve) > 1 and curve[-1]["loss"] < curve[0]["loss"]
+    sft = AutoModelForCausalLM.from_pretrained(smoke_repo / "models/sft")
+    base = AutoModelForCausalLM.from_pretrained(smoke_repo / "models/base")
+    w = "model.layers.0.mlp.up_proj.weight"
+    assert not torch_equal(sft.state_dict()[w], base.state_dict()[w])
+    assert not (smoke_repo / ".cache/sft").exists() or not any((smoke_repo / ".cache/sft").iterdir())
+    mlflow.set_tracking_uri(f"sqlite:///{smoke_repo / '.mlflow/mlflow.db'}")
+    versions = mlflow.MlflowClient().search_model_versions("name='coa-sft'")
+    assert versions, "the SFT policy is registered as coa-sft"
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_difficulty_covers_every_task_and_reconciles(smoke_repo):
+    stats = read_table(smoke_repo / "data/difficulty.parquet", TaskStats)
+    tasks = read_table(smoke_repo / "data/tasks.parquet", Task)
+    rejects = read_table(smoke_repo / "data/rejects/difficulty.parquet", Reject)
+    m = yaml.safe_load((smoke_repo / "metrics/difficulty.json").read_text())
+    assert sorted(stats["task_id"]) == sorted(tasks["task_id"])
+    covered = stats.filter(pl.col("n_samples") > 0)
+    assert set(covered["domain"]) == {"web"} and set(covered["split"]) <= {"sft", "rl"}
+    assert (covered["n_samples"] == 2).all() and m["covered"] == covered.height
+    assert stats.filter(pl.col("n_samples") == 0)["kept"].all()
+    assert m["kept"] + m["dropped"] == tasks.height and rejects.height == m["dropped"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,106 @@
+"""The difficulty filter: a reference model's closed-book pass rate r_q per task (AFM, arXiv 2508.13167).
+
+    samples = sample_closed_book(engine, covered_tasks, n_samples=4, sampling=Sampling(seed=1), max_new_tokens=12)
+    stats = task_stats(all_tasks, samples, max_pass_rate=0.3)   # rows of data/difficulty.parquet
+
+A task whose answer the reference can guess without tools (r_q = share of its N sampled answers
+that the shared checker `coa.rewards.check` accepts) teaches no tool use; the paper keeps tasks with
+r_q <= 0.3. The reference answers in chat form after a few worked turns that show the expected
+shape (a bare name, yes/no, number or year), so a verbose model is not mistaken for an ignorant one.
+The examples are generic and name nothing from the task worlds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coa.rewards import check
+from coa.rollout.types import Engine, Limits, Request, Sampling
+
+CLOSED_BOOK_SYSTEM = ("Answer the question from memory with only the answer: a name, yes or no, a number or "
+                      "a year. No explanation.")
+FEW_SHOT = (
+    ("Which came out first, \"The Silent River\" or \"Northern Lights\"?", "The Silent River"),
+    ("Does Maria Lind work for Harbor Books?", "no"),
+    ("In what year was the founder of Brightline Labs born?", "1962"),
+    ("In which city are the headquarters of Atlas Motors?", "Lyon"),
+)
+
+
+def closed_book_messages(question: str) -> list[dict[str, str]]:
+    """System instruction, the few-shot turns, then the question."""
+    messages = [{"role": "system", "content": CLOSED_BOOK_SYSTEM}]
+    for q, a in FEW_SHOT:
+        messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return messages + [{"role": "user", "content": question}]
+
+
+def closed_book_prompt(tokenizer: Any, question: str) -> str:
+    """The reference's prompt as text (its chat template, assistant header included)."""
+    return tokenizer.apply_chat_template(closed_book_messages(question), tokenize=False, add_generation_prompt=True)
+
+
+def closed_book_answer(text: str) -> str:
+    """The answer in a closed-book reply: its first non-empty line, without quotes or a final full stop."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line.rstrip(".").strip().strip("\"'").rstrip(".").strip()
+
+
+def sample_closed_book(engine: Engine, tasks: Sequence[Mapping[str, Any]], n_samples: int, sampling: Sampling,
+                       max_new_tokens: int) -> dict[str, list[str]]:
+    """task_id -> the engine's ``n_samples`` closed-book answers (one line each, no tools)."""
+    requests = [Request(f"{t['task_id']}#{i}", closed_book_prompt(engine.tokenizer, t["question"]), t["domain"])
+                for t in tasks for i in range(n_samples)]
+    limits = Limits(max_turns=1, max_tool_calls=0, max_turn_tokens=max_new_tokens, max_total_tokens=4096,
+                    stop=("\n",))
+    rollouts = engine.rollout(requests, sampling, limits, tools=lambda _request: None)
+    samples: dict[str, list[str]] = {str(t["task_id"]): [] for t in tasks}
+    for request, rollout in zip(requests, rollouts, strict=True):
+        text = engine.tokenizer.decode(rollout.response_ids, skip_special_tokens=True)  # no eos text
+        samples[request.key.rsplit("#", 1)[0]].append(closed_book_answer(text))
+    return samples
+
+
+@dataclass(frozen=True)
+class TaskStat:
+    """One row of data/difficulty.parquet (schemas.TaskStats)."""
+
+    task_id: str
+    domain: str
+    split: str
+    n_samples: int
+    n_correct: int
+    r_q: float | None
+    kept: bool
+
+    def as_row(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def covered(task: Mapping[str, Any], domains: Sequence[str], splits: Sequence[str]) -> bool:
+    """Whether the filter samples this task (others pass through, kept)."""
+    return task["domain"] in domains and task["split"] in splits
+
+
+def task_stats(tasks: Sequence[Mapping[str, Any]], samples: Mapping[str, Sequence[str]], max_pass_rate: float,
+               ) -> list[TaskStat]:
+    """Score every sampled answer with the shared checker and decide: keep iff r_q <= max_pass_rate.
+
+    ``samples`` maps task_id -> the reference's answers (closed_book_answer of each reply); a task absent
+    from it was not sampled (not covered by the filter) and passes through, kept, with n_samples 0.
+    """
+    out = []
+    for task in tasks:
+        answers = samples.get(task["task_id"])
+        if answers is None:
+            out.append(TaskStat(task["task_id"], task["domain"], task["split"], 0, 0, None, True))
+            continue
+        if not answers:
+            raise ValueError(f"task {task['task_id']}: no sampled answers (n_samples must be >= 1)")
+        n_correct = sum(check(task["domain"], a, task) for a in answers)
+        r_q = n_correct / len(answers)
+        out.append(TaskStat(task["task_id"], task["domain"], task["split"], len(answers), n_correct, r_q,
+                            r_q <= max_pass_rate))
+    return out

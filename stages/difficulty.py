@@ -1,0 +1,78 @@
+"""difficulty: the closed-book pass rate r_q of every covered task -> data/difficulty.parquet.
+
+    dvc repro difficulty
+    python -m stages.difficulty --tasks data/tasks.parquet --stats data/difficulty.parquet \\
+        --rejects data/rejects/difficulty.parquet --metrics metrics/difficulty.json
+
+A reference model (`difficulty.model_path`, by default the SmolLM2-135M-Instruct that the base stage
+converts to models/reference/) answers each covered task (`difficulty.domains` x `difficulty.splits`:
+the web QA of the sft and rl splits) `n_samples` times without tools; r_q is the share of answers the
+shared checker accepts, and a task is kept iff r_q <= `max_pass_rate` (AFM: 0.3). Tasks outside the
+filter pass through, kept. Downstream stages (distill, solve_filter) read only kept tasks; the dropped
+ones are also listed in the rejects file with their r_q. The reference runs on any engine
+(`difficulty.engine.kind`: hf, vllm, or openai for a served model, whose tokenizer is at model_path).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import polars as pl
+
+from coa.config import derive_seed
+from coa.difficulty import covered, sample_closed_book, task_stats
+from coa.io import read_table, write_rejects, write_table
+from coa.rollout.types import Sampling
+from schemas import TASK_STATS_DTYPES, Task, TaskStats
+from stages._stage import Stage, engine_from
+
+log = logging.getLogger("coa")
+
+
+def main(argv: list[str] | None = None) -> None:
+    with Stage("difficulty", argv, inputs={"tasks": "curated tasks (parquet)"},
+               outputs={"stats": "per-task pass rates (parquet)", "rejects": "dropped tasks (parquet)",
+                        "metrics": "figures (JSON)"}) as st:
+        cfg = st.params.difficulty
+        tasks = read_table(st.args.tasks, Task).sort("task_id").to_dicts()
+        todo = [t for t in tasks if covered(t, cfg.domains, cfg.splits)]
+        engine = engine_from(cfg.engine, cfg.model_path)
+        sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+                            seed=derive_seed(st.params.common.seed, "difficulty"))
+        start = time.perf_counter()
+        samples = sample_closed_book(engine, todo, cfg.n_samples, sampling, cfg.max_new_tokens)
+        sample_s = time.perf_counter() - start
+        stats = task_stats(tasks, samples, cfg.max_pass_rate)
+        table = pl.DataFrame([s.as_row() for s in stats], schema=TASK_STATS_DTYPES).sort("task_id")
+        write_table(table, st.args.stats, TaskStats)
+        by_id = {t["task_id"]: t for t in tasks}
+        dropped = table.filter(~pl.col("kept"))
+        write_rejects(st.args.rejects, "difficulty", [
+            (by_id[r["task_id"]], f"too easy: closed-book pass rate r_q={r['r_q']:.2f} > {cfg.max_pass_rate} "
+                                  f"({r['n_correct']} of {r['n_samples']} answers right without tools)")
+            for r in dropped.iter_rows(named=True)])
+
+        sampled = table.filter(pl.col("n_samples") > 0)
+        n_answers = int(sampled["n_samples"].sum())
+        metrics = {"tasks": table.height, "kept": int(table["kept"].sum()), "dropped": dropped.height,
+                   "covered": sampled.height, "n_samples": cfg.n_samples,
+                   "samples": n_answers, "sample_s": round(sample_s, 2),
+                   "answers_per_s": round(n_answers / max(sample_s, 1e-9), 1),
+                   "closed_book_accuracy": round(float(sampled["r_q"].mean() or 0.0), 4)}
+        for domain in sorted(set(sampled["domain"])):
+            part = sampled.filter(pl.col("domain") == domain)
+            metrics[f"{domain}.covered"] = part.height
+            metrics[f"{domain}.dropped_share"] = round(float((~part["kept"]).mean()), 4)
+            metrics[f"{domain}.closed_book_accuracy"] = round(float(part["r_q"].mean()), 4)
+        for split in sorted(set(sampled["split"])):
+            part = sampled.filter(pl.col("split") == split)
+            metrics[f"{split}.dropped"] = int((~part["kept"]).sum())
+        assert metrics["kept"] + metrics["dropped"] == metrics["tasks"] == len(tasks)
+        log.info("difficulty: %d of %d covered tasks dropped (closed-book accuracy %.3f), %d samples in %.1f s",
+                 metrics["dropped"], sampled.height, metrics["closed_book_accuracy"], n_answers, sample_s)
+        st.finish(metrics)
+
+
+if __name__ == "__main__":
+    main()
