@@ -11,13 +11,26 @@ the slots that finished rows free. Every forward step feeds its rows a right-pad
 ``position_ids`` (each row's own token count) and a 4D additive mask over [cache + chunk] that lets a
 token see only its row's real cached positions and the real chunk tokens before it. Pad slots therefore
 become masked holes in the cache; the cache is compacted (each row's real positions gathered, left-
-aligned) once holes pass ``compact_at`` of its area, and rows that finished leave the batch dimension
-once no request waits. Two kinds of step:
+aligned) once holes pass ``compact_at`` of its area, and when rows that finished leave the batch
+dimension (once no request waits). Two kinds of step:
 
 * decode: every decoding row feeds its one sampled token (T = 1); the other rows feed a pad (a hole);
 * ingest: the rows that must read a prompt or an observation (chunks of up to ``max_chunk_tokens``) run
-  as a sub-batch on a gathered copy of their cache rows, and only their new columns are written back,
-  so a long prompt costs its own tokens, not ``max_batch`` times them. Ingest steps go first.
+  as a sub-batch on a gathered copy of their cache rows, and only their new positions are written back,
+  into the holes after each row's last real position where they fit (else into new columns), so a long
+  prompt costs its own tokens, not ``max_batch`` times them. Ingest steps go first.
+
+Prompt sharing (``share_prefix``, on by default; exact up to float rounding, like batching). The
+prompts' longest common prefix (at least ``min_shared_prefix`` tokens, stopping one token short of the
+shortest prompt, whose last token must be fed for its logits) is prefilled once, alone, before the
+batch starts; a row that joins gets a copy of its cached positions (keys are stored after RoPE, and the
+prefix sits at positions 0..P-1 in every row) and ingests only the rest of its prompt. Requests with
+identical prompts (n samples of one question) are admitted next to each other; the first ingests the
+prompt and the others fork from it: they copy its cache row and its next-token logits and draw their
+first token with their own generators. A member admitted after its leader's prompt is in forks from a
+snapshot of that row, kept until the last member is admitted (members being next to each other in the
+queue, at most one snapshot is alive).
+``Stats`` counts the prefix, the copied positions and the forks.
 
 A row that closes a tool tag is parked while its tool runs in a thread pool; the other rows go on
 decoding, and the row ingests ``[its last token] + observation`` when the tool returns.
@@ -42,7 +55,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -86,7 +99,8 @@ def sample(logits: torch.Tensor, sampling: Sampling,
 class _Layer(DynamicLayer):
     """One layer's keys/values in a buffer [B, H, capacity, D] appended in place (a DynamicLayer without
     the per-step concatenation); ``keys``/``values`` are views of the first ``n`` positions. Unwritten
-    positions are zeros, so holes are always finite (a NaN key would poison even a masked score)."""
+    positions are zeros and holes hold zeros or keys a row left behind, so they are always finite (a NaN
+    key would poison even a masked score)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -131,6 +145,24 @@ class _Layer(DynamicLayer):
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
         self._view()
 
+    def gather(self, rows: torch.Tensor, cols: torch.Tensor, reserve: int) -> None:
+        """Keep rows ``rows`` [B'] (in this order) and, in each, its columns ``cols[b]`` [B', n], moved to
+        positions 0..n-1 (one copy of what is kept; ``reserve`` zero positions after)."""
+        n = cols.shape[1]
+        heads = self.buf_k.shape[1]
+        flat_rows = (rows[:, None] * heads + torch.arange(heads, device=rows.device)[None]).reshape(-1, 1)
+        flat_cols = cols.repeat_interleave(heads, dim=0)
+        out = []
+        for buf in (self.buf_k, self.buf_v):
+            kept = buf.reshape(-1, *buf.shape[2:])[flat_rows, flat_cols]  # [B' * H, n, D]
+            new = buf.new_empty((rows.shape[0], heads, n + reserve, buf.shape[3]))
+            new[:, :, :n] = kept.view(rows.shape[0], heads, n, buf.shape[3])
+            new[:, :, n:] = 0
+            out.append(new)
+        self.buf_k, self.buf_v = out
+        self.n = n
+        self._view()
+
     def grow(self, t: int) -> None:
         """Append ``t`` zero positions (holes) for every row."""
         self._reserve(self.n + t)
@@ -169,27 +201,60 @@ class _RaggedCache:
     def clear_row(self, row: int) -> None:
         self.valid[row] = False
 
-    def select(self, keep: list[int]) -> None:
-        """Keep only these rows (in this order)."""
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.valid = self.valid[index]
+    def _widen(self, width: int) -> None:
+        """Append hole columns until the cache is ``width`` wide."""
+        extra = width - self.width
+        if extra <= 0:
+            return
         for layer in self.layers:
-            layer.set(layer.keys[index], layer.values[index], reserve=64)
+            layer.grow(extra)
+        self.valid = torch.cat([self.valid, self.valid.new_zeros((self.rows, extra))], dim=1)
+
+    def load(self, rows: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
+        """Give each of these (empty) rows the same ``n`` cached positions: per layer (keys, values)
+        [H, n, D] (none for a cache-less model), written to columns 0..n-1; the rows' other columns are holes."""
+        if kv and not self.layers:  # nothing ran yet: create the layers (all holes)
+            self.layers = [_layer_from(k.new_zeros((self.rows, k.shape[0], self.width, k.shape[2])),
+                                       v.new_zeros((self.rows, v.shape[0], self.width, v.shape[2])), 64)
+                           for k, v in kv]
+        self._widen(n)
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for layer, (k, v) in zip(self.layers, kv, strict=True):
+            layer.buf_k[index, :, :n] = k
+            layer.buf_v[index, :, :n] = v
+        self.valid[index] = False
+        self.valid[index, :n] = True
+
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of one row's real positions, per layer (keys, values) [H, n, D] (for :meth:`load`)."""
+        cols = self.valid[row].nonzero()[:, 0]
+        return [(layer.keys[row][:, cols], layer.values[row][:, cols]) for layer in self.layers]
+
+    def copy_row(self, src: int, dst: list[int]) -> None:
+        """Make rows ``dst`` exact copies of row ``src`` (its keys, values and holes)."""
+        index = torch.tensor(dst, dtype=torch.long, device=self.device)
+        for layer in self.layers:
+            layer.buf_k[index, :, : layer.n] = layer.buf_k[src, :, : layer.n].clone()
+            layer.buf_v[index, :, : layer.n] = layer.buf_v[src, :, : layer.n].clone()
+        self.valid[index] = self.valid[src].clone()
 
     def holes(self, real: int) -> int:
         return self.rows * self.width - real
 
-    def compact(self) -> None:
-        """Gather every row's real positions to the left; the width becomes the longest row."""
-        counts = self.valid.sum(dim=1)
-        width = int(counts.max()) if self.rows else 0
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # real columns first
+    def compact(self, keep: list[int] | None = None) -> bool:
+        """Keep rows ``keep`` (in this order; all when None) and gather each one's real positions to the
+        left; the width becomes the longest row. Returns whether there were holes to remove."""
+        rows = torch.arange(self.rows, device=self.device) if keep is None else \
+            torch.tensor(keep, dtype=torch.long, device=self.device)
+        valid = self.valid[rows]
+        counts = valid.sum(dim=1)
+        width = int(counts.max()) if rows.numel() else 0
+        had_holes = bool(rows.numel()) and int(counts.sum()) < rows.numel() * self.width
+        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)[:, :width]  # real columns first
         for layer in self.layers:
-            k, v = layer.keys, layer.values
-            idx_k = order[:, None, :, None].expand(k.shape[0], k.shape[1], width, k.shape[3])
-            idx_v = order[:, None, :, None].expand(v.shape[0], v.shape[1], width, v.shape[3])
-            layer.set(k.gather(2, idx_k), v.gather(2, idx_v), reserve=64)
+            layer.gather(rows, order, reserve=64 + width // 2)
         self.valid = torch.arange(width, device=self.device)[None, :] < counts[:, None]
+        return had_holes
 
     def mask(self, rows: torch.Tensor | None, lens: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tensor:
         """The additive mask [S, 1, t, W + t] of a step feeding ``lens[s]`` real tokens to each row.
@@ -218,29 +283,56 @@ class _RaggedCache:
             return Cache(layer_class_to_replicate=_Layer)
         return Cache(layers=[_layer_from(layer.keys[rows], layer.values[rows], t) for layer in self.layers])
 
+    def ends(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per row, one past its last real column (0 for an empty row): the columns from there are holes."""
+        cols = torch.arange(1, self.width + 1, device=self.device)
+        return (self.valid[rows] * cols).amax(dim=1) if self.width else rows.new_zeros(rows.shape)
+
     def after_forward(self, view: Cache, rows: torch.Tensor | None, lens: torch.Tensor, t: int) -> None:
-        """Take in a step's t new positions (real where ``q < lens``) from the view it ran on."""
+        """Take in a step's t new positions (real where ``q < lens``) from the view it ran on.
+
+        A sub-batch's rows write their real new positions into the holes after their last real column
+        where they fit (a row that just joined with copied positions, a row parked on a tool while the
+        others decoded), so an ingest does not widen every row of the cache; the others are appended.
+        """
         real = torch.arange(t, device=self.device)[None, :] < lens[:, None]
         if rows is None:
             self.layers = list(view.layers)  # appended in place (or created by this first step)
             self.valid = torch.cat([self.valid, real], dim=1)
             return
-        new_valid = self.valid.new_zeros((self.rows, t))
-        new_valid[rows] = real
         if not self.layers and view.layers:  # the first forward was a sub-batch: create the full layers
             for sub in view.layers:
                 k, v = sub.keys, sub.values
                 self.layers.append(_layer_from(k.new_zeros((self.rows, k.shape[1], self.width, k.shape[3])),
                                                v.new_zeros((self.rows, v.shape[1], self.width, v.shape[3])), t))
         width = self.width
+        ends = self.ends(rows)
+        start = torch.where(ends + lens <= width, ends, width)  # each row's first new column
+        self._widen(int((start + lens).max()))
+        s_idx, q_idx = real.nonzero(as_tuple=True)
+        dest_row, dest_col, src_col = rows[s_idx], start[s_idx] + q_idx, width + q_idx
         for layer, sub in zip(self.layers, view.layers, strict=True):
-            layer.grow(t)
-            layer.buf_k[rows, :, width : width + t] = sub.keys[:, :, width : width + t]
-            layer.buf_v[rows, :, width : width + t] = sub.values[:, :, width : width + t]
-        self.valid = torch.cat([self.valid, new_valid], dim=1)
+            layer.buf_k[dest_row, :, dest_col] = sub.keys[s_idx, :, src_col]
+            layer.buf_v[dest_row, :, dest_col] = sub.values[s_idx, :, src_col]
+        self.valid[dest_row, dest_col] = True
 
 
 # --------------------------------------------------------------------------- the engine
+
+MIN_SHARED_PREFIX = 16  # shorter common prompt prefixes are ingested by every row (not worth a prefill)
+
+
+@dataclass
+class _Group:
+    """Requests with the same prompt (n samples of one question): the first admitted member, the leader,
+    ingests it; the others fork from it (a copy of its cache row and of its next-token logits, each then
+    draws with its own generator). Members admitted after the leader's prompt is in fork from ``snapshot``
+    (its row's cached positions, next-token logits and token count), kept until none is queued."""
+
+    queued: int  # members not admitted yet
+    leader: _Row | None = None  # the member ingesting the prompt
+    waiting: list[_Row] = field(default_factory=list)  # admitted members waiting for the leader's prompt
+    snapshot: tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, int] | None = None
 
 
 @dataclass
@@ -253,11 +345,19 @@ class _Row:
     n: int = 0
     ingesting: bool = True  # feed is a prompt or an observation (else: one sampled token)
     tool: Future | None = None
+    group: _Group | None = None  # while leading or waiting for a prompt shared with other requests
 
 
 @dataclass
 class Stats:
-    """Counters of the last rollout call (for benchmarks and logs)."""
+    """Counters of the last rollout call (for benchmarks and logs).
+
+    fed_tokens: tokens run through the model (the shared prefix's prefill included); shared_prefix: the
+    length of the prompts' common prefix prefilled once (0: none); prefix_tokens_reused: cached positions
+    copied into rows instead of computed (the shared prefix in every row, the whole prompt in every fork);
+    forks: rows that copied an identical prompt's row. Without sharing, fed_tokens would be
+    ``fed_tokens + prefix_tokens_reused - shared_prefix``.
+    """
 
     steps: int = 0
     decode_steps: int = 0
@@ -265,6 +365,9 @@ class Stats:
     compactions: int = 0
     policy_tokens: int = 0
     fed_tokens: int = 0
+    shared_prefix: int = 0
+    prefix_tokens_reused: int = 0
+    forks: int = 0
     tool_wait_s: float = 0.0
     wall_s: float = 0.0
 
@@ -276,10 +379,13 @@ class HFEngine:
         weights: each call runs it in eval mode and restores its mode after); tokenizer: its tokenizer.
     max_batch: most trajectories decoded together; max_chunk_tokens: most tokens one row ingests per step;
     tool_workers: threads running tools; compact_at: hole fraction of the cache that triggers compaction.
+    share_prefix: prefill the prompts' common prefix once (when at least ``min_shared_prefix`` tokens) and
+        identical prompts once (their other requests fork from the first); False computes every prompt.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32, max_chunk_tokens: int = 256,
-                 tool_workers: int = 8, compact_at: float = 0.5):
+                 tool_workers: int = 8, compact_at: float = 0.5, share_prefix: bool = True,
+                 min_shared_prefix: int = MIN_SHARED_PREFIX):
         if max_batch < 1 or max_chunk_tokens < 1 or tool_workers < 1:
             raise ValueError("max_batch, max_chunk_tokens and tool_workers must be >= 1")
         if not 0 < compact_at <= 1:
@@ -291,6 +397,7 @@ class HFEngine:
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_chunk_tokens = max_batch, max_chunk_tokens
         self.tool_workers, self.compact_at = tool_workers, compact_at
+        self.share_prefix, self.min_shared_prefix = share_prefix, max(1, min_shared_prefix)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         self._texts = vocab_texts(tokenizer)
@@ -323,22 +430,73 @@ class HFEngine:
                 self._run(trajs, sampling, pool)
         finally:
             self.model.train(was_training)
+            self._groups, self._prefix = {}, None  # free the shared positions
         self.stats.wall_s = time.perf_counter() - start
         self.stats.policy_tokens = sum(sum(t.out.loss_mask) for t in trajs)
         return [t.result() for t in trajs]
 
+    # -- prompt sharing ---------------------------------------------------------------------------
+
+    def _plan_sharing(self, todo: list[Trajectory]) -> list[Trajectory]:
+        """Group identical prompts and prefill the common prefix; returns the admission order (a group's
+        members next to each other, where its first member stood)."""
+        self._groups: dict[int, _Group] = {}
+        self._prefix: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        if not self.share_prefix or len(todo) < 2:
+            return todo
+        by_prompt: dict[tuple[int, ...], list[Trajectory]] = {}
+        for traj in todo:
+            by_prompt.setdefault(tuple(traj.prompt_ids), []).append(traj)
+        for members in by_prompt.values():
+            if len(members) > 1:
+                group = _Group(queued=len(members))
+                self._groups.update((id(t), group) for t in members)
+        order = [t for members in by_prompt.values() for t in members]
+        # The common prefix, short of every prompt's last token (whose logits the row needs).
+        prompts = list(by_prompt)
+        first = prompts[0]
+        n = min(len(p) for p in prompts) - 1
+        for ids in prompts[1:]:
+            n = next((k for k in range(n) if ids[k] != first[k]), n)
+            if n < self.min_shared_prefix:
+                return order
+        if n < self.min_shared_prefix:
+            return order
+        kv = self._prefill(list(first[:n]))
+        if kv:  # (a model without a KV cache has nothing to share)
+            self._prefix = (n, kv)
+            self.stats.shared_prefix = n
+        return order
+
+    def _prefill(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The cached positions of ``ids`` alone (batch 1, in chunks): per layer (keys, values) [H, n, D]."""
+        cache = _RaggedCache(self.device)
+        cache.add_rows(1)
+        for start in range(0, len(ids), self.max_chunk_tokens):
+            chunk = ids[start : start + self.max_chunk_tokens]
+            t = len(chunk)
+            lens = torch.tensor([t], dtype=torch.long, device=self.device)
+            view = cache.full_view()
+            self.model.base_model(input_ids=torch.tensor([chunk], device=self.device),
+                                  attention_mask=cache.mask(None, lens, t, self.dtype),
+                                  position_ids=torch.arange(start, start + t, device=self.device)[None],
+                                  past_key_values=view, use_cache=True)
+            cache.after_forward(view, None, lens, t)
+            self.stats.fed_tokens += t
+        return [(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers]
+
     # -- the loop ---------------------------------------------------------------------------------
 
     def _run(self, trajs: list[Trajectory], sampling: Sampling, pool: ThreadPoolExecutor) -> None:
-        queue = deque(t for t in trajs if not t.done)
+        queue = deque(self._plan_sharing([t for t in trajs if not t.done]))
         cache = _RaggedCache(self.device)
         slots: list[_Row | None] = []
         while True:
-            self._admit(queue, slots, cache, sampling)
+            self._admit(queue, slots, cache, sampling, pool)
             self._collect_tools(slots, cache, block=False)
-            if not queue and any(s is None for s in slots):
+            if not queue and any(s is None for s in slots):  # rows left: drop them, and the holes at once
                 keep = [i for i, s in enumerate(slots) if s is not None]
-                cache.select(keep)
+                self.stats.compactions += cache.compact(keep)
                 slots[:] = [slots[i] for i in keep]
             if not slots:
                 return
@@ -353,31 +511,82 @@ class HFEngine:
             elif any(s is not None and s.feed for s in slots):
                 self._step(slots, cache, None, sampling, pool)
                 self.stats.decode_steps += 1
-            else:  # every row waits for a tool
+            else:  # every row waits for a tool (or was just admitted and finished at once)
                 t0 = time.perf_counter()
                 self._collect_tools(slots, cache, block=True)
                 self.stats.tool_wait_s += time.perf_counter() - t0
             self.stats.steps += 1
 
-    def _admit(self, queue: deque, slots: list[_Row | None], cache: _RaggedCache, sampling: Sampling) -> None:
-        """Queued requests take free slots, then new slots up to max_batch."""
+    def _admit(self, queue: deque, slots: list[_Row | None], cache: _RaggedCache, sampling: Sampling,
+               pool: ThreadPoolExecutor) -> None:
+        """Queued requests take free slots, then new slots up to max_batch; then they start."""
+        admitted = []
         for i, slot in enumerate(slots):
             if not queue:
-                return
+                break
             if slot is None:
                 slots[i] = self._new_row(queue.popleft(), sampling)
                 cache.clear_row(i)
+                admitted.append(i)
         new = []
         while queue and len(slots) + len(new) < self.max_batch:
             new.append(self._new_row(queue.popleft(), sampling))
         if new:
+            admitted.extend(range(len(slots), len(slots) + len(new)))
             slots.extend(new)
             cache.add_rows(len(new))
+        if admitted:
+            self._start(admitted, slots, cache, sampling, pool)
 
     def _new_row(self, traj: Trajectory, sampling: Sampling) -> _Row:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(request_seed(sampling.seed, traj.request.key))
         return _Row(traj, generator, feed=list(traj.prompt_ids))
+
+    def _start(self, admitted: list[int], slots: list[_Row | None], cache: _RaggedCache, sampling: Sampling,
+               pool: ThreadPoolExecutor) -> None:
+        """Set up just admitted rows: a fork of an ingested identical prompt draws its first token now; one
+        whose identical prompt is being ingested waits for it; the others get the shared prefix's
+        positions and ingest the rest of their prompt."""
+        prefixed: list[int] = []
+        forked: dict[int, tuple[_Group, list[int]]] = {}
+        for i in admitted:
+            row = slots[i]
+            group = self._groups.get(id(row.traj))
+            if group is not None:
+                group.queued -= 1
+                if group.snapshot is not None:
+                    forked.setdefault(id(group), (group, []))[1].append(i)
+                    continue
+                row.group = group
+                if group.leader is not None:
+                    row.feed, row.ingesting = [], False
+                    group.waiting.append(row)
+                    continue
+                group.leader = row
+            if self._prefix is not None:
+                prefixed.append(i)
+        if prefixed:
+            n, kv = self._prefix
+            cache.load(prefixed, kv, n)
+            for i in prefixed:
+                slots[i].feed, slots[i].n = slots[i].feed[n:], n
+            self.stats.prefix_tokens_reused += n * len(prefixed)
+        if not forked:
+            return
+        rows, logits = [], []
+        for group, members in forked.values():
+            kv, last, n = group.snapshot
+            cache.load(members, kv, n)
+            for i in members:
+                slots[i].n = n
+            rows += members
+            logits += [last] * len(members)
+            self.stats.prefix_tokens_reused += n * len(members)
+            self.stats.forks += len(members)
+            if group.queued == 0:
+                group.snapshot = None
+        self._sample_and_push(slots, cache, rows, torch.stack(logits), sampling, pool)
 
     def _collect_tools(self, slots: list[_Row | None], cache: _RaggedCache, block: bool) -> None:
         running = [s.tool for s in slots if s is not None and s.tool is not None]
@@ -439,9 +648,37 @@ class HFEngine:
         ready_t = torch.tensor(ready, dtype=torch.long, device=self.device)
         hidden = out.last_hidden_state[ready_t, lens[ready_t] - 1]
         logits = self.model.get_output_embeddings()(hidden)
-        tokens, logprobs = sample(logits, sampling, [slots[members[j]].generator for j in ready])
-        for j, token, logprob in zip(ready, tokens.tolist(), logprobs.tolist(), strict=True):
-            i = members[j]
+        targets = [members[j] for j in ready]
+        # A leader's prompt is in: its waiting group members fork from it, and later ones from a snapshot.
+        extra, extra_logits = [], []
+        for k, i in enumerate(targets):
+            row = slots[i]
+            group, row.group = row.group, None
+            if group is None:
+                continue
+            group.leader = None
+            if group.waiting:
+                where = {id(s): at for at, s in enumerate(slots) if s is not None}
+                forks = [where[id(w)] for w in group.waiting]
+                cache.copy_row(i, forks)
+                for w in group.waiting:
+                    w.n, w.group = row.n, None
+                extra += forks
+                extra_logits += [k] * len(forks)
+                self.stats.prefix_tokens_reused += row.n * len(forks)
+                self.stats.forks += len(forks)
+                group.waiting = []
+            if group.queued > 0:
+                group.snapshot = (cache.row_kv(i), logits[k].clone(), row.n)
+        if extra:
+            logits = torch.cat([logits, logits[torch.tensor(extra_logits, device=self.device)]])
+        self._sample_and_push(slots, cache, targets + extra, logits, sampling, pool)
+
+    def _sample_and_push(self, slots: list[_Row | None], cache: _RaggedCache, targets: list[int],
+                         logits: torch.Tensor, sampling: Sampling, pool: ThreadPoolExecutor) -> None:
+        """Rows ``targets`` draw their next token from ``logits`` [len(targets), V] and go on with it."""
+        tokens, logprobs = sample(logits, sampling, [slots[i].generator for i in targets])
+        for i, token, logprob in zip(targets, tokens.tolist(), logprobs.tolist(), strict=True):
             row = slots[i]
             if not row.traj.push(token, logprob):
                 row.feed, row.ingesting = [token], False
