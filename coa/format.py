@@ -414,7 +414,8 @@ def code_source(content: str) -> str:
 
 
 def format_code(source: str) -> str:
-    """A ``<code>`` body holding ``source`` in a python fence."""
+    """A ``<code>`` body holding ``source`` in a python fence (a trailing "\\r" reads back as part of a CRLF
+    line ending, so code_source drops it)."""
     return f"```python\n{source}\n```"
 
 
