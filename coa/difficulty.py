@@ -12,6 +12,7 @@ The examples are generic and name nothing from the task worlds.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +44,10 @@ def closed_book_prompt(tokenizer: Any, question: str) -> str:
 
 
 def closed_book_answer(text: str) -> str:
-    """The answer in a closed-book reply: its first non-empty line, without quotes or a final full stop."""
+    """The answer in a closed-book reply: its first non-empty line up to the first comma or sentence end
+    ("No, he was born in ..." -> "No"), without quotes or a final full stop."""
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = re.split(r",\s|\.\s|;\s", line, maxsplit=1)[0]
     return line.rstrip(".").strip().strip("\"'").rstrip(".").strip()
 
 

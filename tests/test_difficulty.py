@@ -89,6 +89,7 @@ def test_closed_book_prompt_and_answer():
     assert [m["role"] for m in messages[1:-1]] == ["user", "assistant"] * (len(messages[1:-1]) // 2)
     assert closed_book_answer('\n  "The Silent River".\nmore') == "The Silent River"
     assert closed_book_answer("") == ""
+    assert closed_book_answer("No, Jan Berg was born in 1950.") == "No"
 
 
 def test_stats_schema_rejects_more_correct_than_samples():
