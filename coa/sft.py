@@ -174,7 +174,8 @@ def pack(examples: Sequence[Example], max_tokens: int) -> list[list[int]]:
     return rows
 
 
-def _collate(examples: Sequence[Example], rows: Sequence[Sequence[int]], width: int, pad_id: int) -> Batch:
+def _collate(examples: Sequence[Example], rows: Sequence[Sequence[int]], width: int, pad_id: int,
+             mask: bool = True) -> Batch:
     b = len(rows)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)
     labels = torch.full((b, width), IGNORE_INDEX, dtype=torch.long)
@@ -197,25 +198,29 @@ def _collate(examples: Sequence[Example], rows: Sequence[Sequence[int]], width: 
             weights[r, at : at + n] = target.float() * ex.weight
             segment_ids[r, at : at + n] = i
             at += n
+    n_samples = sum(len(row) for row in rows)
+    if not mask:
+        return Batch(input_ids, labels, position_ids, torch.empty(0), weights, n_samples, segment_ids)
     idx = torch.arange(width)
     causal = idx[None, :] <= idx[:, None]  # [T, T], query row attends key column
     same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T, T]
     real = (segment_ids >= 0)[:, :, None]
     allowed = (same & real & causal) | (~real & torch.eye(width, dtype=torch.bool))
-    mask = torch.zeros((b, 1, width, width), dtype=torch.float32)
-    mask.masked_fill_(~allowed[:, None], torch.finfo(torch.float32).min)
-    n_samples = sum(len(row) for row in rows)
-    return Batch(input_ids, labels, position_ids, mask, weights, n_samples, segment_ids)
+    additive = torch.zeros((b, 1, width, width), dtype=torch.float32)
+    additive.masked_fill_(~allowed[:, None], torch.finfo(torch.float32).min)
+    return Batch(input_ids, labels, position_ids, additive, weights, n_samples, segment_ids)
 
 
 def collate_packed(
-    examples: Sequence[Example], rows: Sequence[Sequence[int]], max_tokens: int, pad_id: int
+    examples: Sequence[Example], rows: Sequence[Sequence[int]], max_tokens: int, pad_id: int, mask: bool = True
 ) -> Batch:
     """Rows of packed examples (``pack``'s output, or part of it) as a Batch of shape [len(rows), max_tokens].
 
     Every row is right-padded to ``max_tokens`` (static shapes); samples sit in the order ``rows`` gives.
+    ``mask=False`` leaves attention_mask an empty tensor: for attention that takes the sample boundaries
+    from segment_ids (coa.train's varlen attention); at 32k-token rows the float mask alone is 4 GiB per row.
     """
-    return _collate(examples, rows, max_tokens, pad_id)
+    return _collate(examples, rows, max_tokens, pad_id, mask)
 
 
 def collate_padded(examples: Sequence[Example], pad_id: int) -> Batch:

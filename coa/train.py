@@ -100,34 +100,9 @@ def make_rows(examples: Sequence[Example], cfg: SftConfig) -> list[list[int]]:
 
 def collate_rows(examples: Sequence[Example], rows: Sequence[Sequence[int]], width: int,
                  pad_id: int) -> Batch:
-    """coa.sft.collate_packed without the [B, 1, T, T] mask (attention_mask is an empty tensor).
-
-    For the varlen attention, which takes sample boundaries from segment_ids: at 32k-token rows the
-    float mask alone would be 4 GiB per row.
-    """
-    b = len(rows)
-    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    labels = torch.full((b, width), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((b, width), dtype=torch.long)
-    weights = torch.zeros((b, width), dtype=torch.float32)
-    segment_ids = torch.full((b, width), -1, dtype=torch.long)
-    for r, row in enumerate(rows):
-        at = 0
-        for i in row:
-            ex = examples[i]
-            n = len(ex)
-            if at + n > width:
-                raise ValueError(f"row {r} holds more than {width} tokens")
-            ids = torch.tensor(ex.input_ids, dtype=torch.long)
-            target = torch.tensor(ex.loss_mask, dtype=torch.bool)
-            target[0] = False  # never predicted from the previous sample
-            input_ids[r, at : at + n] = ids
-            labels[r, at : at + n] = torch.where(target, ids, IGNORE_INDEX)
-            position_ids[r, at : at + n] = torch.arange(n)
-            weights[r, at : at + n] = target.float() * ex.weight
-            segment_ids[r, at : at + n] = i
-            at += n
-    return Batch(input_ids, labels, position_ids, torch.empty(0), weights, sum(map(len, rows)), segment_ids)
+    """coa.sft.collate_packed without the [B, 1, T, T] mask (attention_mask is an empty tensor), for the
+    varlen attention, which takes sample boundaries from segment_ids."""
+    return collate_packed(examples, rows, width, pad_id, mask=False)
 
 
 def collate(examples: Sequence[Example], rows: Sequence[Sequence[int]], cfg: SftConfig, pad_id: int,
