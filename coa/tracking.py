@@ -27,21 +27,26 @@ LOCAL_DIR = Path(".mlflow")
 log = logging.getLogger(__name__)
 
 
+def _local_uri(root: Path | None) -> str:
+    return f"sqlite:///{((root or Path.cwd()) / LOCAL_DIR).resolve() / 'mlflow.db'}"
+
+
 def tracking_uri(root: Path | None = None) -> str:
     """`MLFLOW_TRACKING_URI`, or the local SQLite store under `<root>/.mlflow/`."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    local = (root or Path.cwd()) / LOCAL_DIR
-    local.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{local.resolve() / 'mlflow.db'}"
+    ((root or Path.cwd()) / LOCAL_DIR).mkdir(parents=True, exist_ok=True)
+    return _local_uri(root)
 
 
-def _experiment_id(mlflow: Any, name: str, root: Path | None) -> str:
+def _experiment_id(mlflow: Any, name: str, uri: str, root: Path | None) -> str:
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
+    # The local store keeps artifacts beside it (MLflow's default is ./mlruns of the working directory).
+    # Decided by the URI, not by the environment: mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI.
     artifact_location = None
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
+    if uri == _local_uri(root):
         artifact_location = ((root or Path.cwd()) / LOCAL_DIR / "artifacts").resolve().as_uri()
     return mlflow.create_experiment(name, artifact_location=artifact_location)
 
@@ -85,8 +90,9 @@ def stage_run(
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow  # imported here: a 1-2 s import that pure-library users never pay
 
-    mlflow.set_tracking_uri(tracking_uri(root))
-    exp_id = _experiment_id(mlflow, experiment, root)
+    uri = tracking_uri(root)
+    mlflow.set_tracking_uri(uri)
+    exp_id = _experiment_id(mlflow, experiment, uri, root)
     start = time.perf_counter()
     with mlflow.start_run(experiment_id=exp_id, run_name=stage, tags={"coa.stage": stage, **tags}) as active:
         flat = {k: str(v)[:500] for k, v in flatten(params).items()}

@@ -1,0 +1,26 @@
+"""coa.tracking: a stage's MLflow run in the local store, with its artifacts beside the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coa.tracking import stage_run
+
+
+def test_local_store_keeps_artifacts_beside_it(tmp_path, monkeypatch):
+    """MLflow's set_tracking_uri exports MLFLOW_TRACKING_URI; the experiment must still get the local
+    artifact folder, not ./mlruns of the working directory (a regression)."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with stage_run("unit", {"a": {"b": 1}}, {"coa.test": "1"}, experiment="coa-unit", root=tmp_path) as run:
+        src = tmp_path / "note.txt"
+        src.write_text("hello")
+        run.log_artifact(src)
+    exp = mlflow.get_experiment_by_name("coa-unit")
+    assert exp.artifact_location == (tmp_path / ".mlflow" / "artifacts").resolve().as_uri()
+    assert list((tmp_path / ".mlflow" / "artifacts").rglob("note.txt"))
+    assert not Path(tmp_path / "mlruns").exists()
+    mlflow.set_tracking_uri(None)  # leave no store behind for later tests
