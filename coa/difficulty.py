@@ -43,11 +43,21 @@ def closed_book_prompt(tokenizer: Any, question: str) -> str:
     return tokenizer.apply_chat_template(closed_book_messages(question), tokenize=False, add_generation_prompt=True)
 
 
+# Where a closed-book answer ends (closed_book_answer cuts there): generation stops at the first of them.
+# A small reference often goes on in a sentence ("Ann Holm was the founder of ..."); the answer shapes
+# asked for (a name, yes/no, a number, a year) never hold these verbs. (Not ". ": an initial, as in
+# "Haetilm J. Bouleilt", is not an end; closed_book_answer tells a sentence end from it.)
+_VERBS = ("is", "was", "were", "are", "came", "has", "had")
+ANSWER_ENDS = ("\n", ", ", "; ", *(f" {verb} " for verb in _VERBS))
+_CUT = re.compile(r",\s|(?<!\b[A-Z])\.\s|;\s|\s(?:" + "|".join(_VERBS) + r")\s")
+
+
 def closed_book_answer(text: str) -> str:
-    """The answer in a closed-book reply: its first non-empty line up to the first comma or sentence end
-    ("No, he was born in ..." -> "No"), without quotes or a final full stop."""
+    """The answer in a closed-book reply: its first non-empty line up to the first comma, sentence end or
+    verb of ANSWER_ENDS ("No, he was born in ..." -> "No"; "Ann Holm was the founder" -> "Ann Holm";
+    "J. Smith" keeps its initial), without quotes or a final full stop."""
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    line = re.split(r",\s|\.\s|;\s", line, maxsplit=1)[0]
+    line = _CUT.split(line, maxsplit=1)[0]
     return line.rstrip(".").strip().strip("\"'").rstrip(".").strip()
 
 
@@ -57,7 +67,7 @@ def sample_closed_book(engine: Engine, tasks: Sequence[Mapping[str, Any]], n_sam
     requests = [Request(f"{t['task_id']}#{i}", closed_book_prompt(engine.tokenizer, t["question"]), t["domain"])
                 for t in tasks for i in range(n_samples)]
     limits = Limits(max_turns=1, max_tool_calls=0, max_turn_tokens=max_new_tokens, max_total_tokens=4096,
-                    stop=("\n",))
+                    stop=ANSWER_ENDS)
     rollouts = engine.rollout(requests, sampling, limits, tools=lambda _request: None)
     samples: dict[str, list[str]] = {str(t["task_id"]): [] for t in tasks}
     for request, rollout in zip(requests, rollouts, strict=True):

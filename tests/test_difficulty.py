@@ -5,7 +5,14 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from coa.difficulty import closed_book_answer, closed_book_messages, covered, sample_closed_book, task_stats
+from coa.difficulty import (
+    ANSWER_ENDS,
+    closed_book_answer,
+    closed_book_messages,
+    covered,
+    sample_closed_book,
+    task_stats,
+)
 from coa.rollout.types import Rollout, Sampling
 from schemas import TASK_STATS_DTYPES, TaskStats
 
@@ -34,7 +41,7 @@ class KnowsHalf:
         self.seen = []
 
     def rollout(self, requests, sampling, limits, tools):
-        assert limits.stop == ("\n",) and tools(requests[0]) is None  # one line, closed-book
+        assert limits.stop == ANSWER_ENDS and tools(requests[0]) is None  # one answer, closed-book
         self.seen += [r.key for r in requests]
         out = []
         for r in requests:
@@ -90,6 +97,10 @@ def test_closed_book_prompt_and_answer():
     assert closed_book_answer('\n  "The Silent River".\nmore') == "The Silent River"
     assert closed_book_answer("") == ""
     assert closed_book_answer("No, Jan Berg was born in 1950.") == "No"
+    assert closed_book_answer("Jan B. Berg. He founded it") == "Jan B. Berg"  # an initial is no sentence end
+    assert closed_book_answer("1907; he was") == "1907"
+    assert closed_book_answer("Ann Holm was the founder of it") == "Ann Holm"
+    assert closed_book_answer('"Garden of Minlal" came out first') == "Garden of Minlal"
 
 
 def test_stats_schema_rejects_more_correct_than_samples():

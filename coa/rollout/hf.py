@@ -12,7 +12,7 @@ the slots that finished rows free. Every forward step feeds its rows a right-pad
 token see only its row's real cached positions and the real chunk tokens before it. Pad slots therefore
 become masked holes in the cache; the cache is compacted (each row's real positions gathered, left-
 aligned) once holes pass ``compact_at`` of its area, and when rows that finished leave the batch
-dimension (once no request waits). Two kinds of step:
+dimension (once no request waits and they are a quarter of the batch). Two kinds of step:
 
 * decode: every decoding row feeds its one sampled token (T = 1); the other rows feed a pad (a hole);
 * ingest: the rows that must read a prompt or an observation (chunks of up to ``max_chunk_tokens``) run
@@ -89,7 +89,12 @@ def sample(logits: torch.Tensor, sampling: Sampling,
         above = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
         keep_sorted = above < sampling.top_p * sorted_probs.sum(dim=-1, keepdim=True)
         probs = probs * torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
-    tokens = torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(generators)])
+    # Inverse CDF: one uniform per row from the row's own generator (torch.multinomial would draw V
+    # exponentials per row: most of a closed-book sampler's time at V = 49k). The first token whose
+    # cumulative mass exceeds u * total; a token of zero mass never is that one.
+    u = torch.stack([torch.rand((), generator=g, device=g.device) for g in generators]).to(torch.float64)
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
     return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
 
 
@@ -438,8 +443,8 @@ class HFEngine:
     # -- prompt sharing ---------------------------------------------------------------------------
 
     def _plan_sharing(self, todo: list[Trajectory]) -> list[Trajectory]:
-        """Group identical prompts and prefill the common prefix; returns the admission order (a group's
-        members next to each other, where its first member stood)."""
+        """Group identical prompts and prefill the common prefix; returns the admission order (shortest
+        prompt first, a group's members next to each other)."""
         self._groups: dict[int, _Group] = {}
         self._prefix: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         if not self.share_prefix or len(todo) < 2:
@@ -451,7 +456,9 @@ class HFEngine:
             if len(members) > 1:
                 group = _Group(queued=len(members))
                 self._groups.update((id(t), group) for t in members)
-        order = [t for members in by_prompt.values() for t in members]
+        # Shorter prompts first: rows admitted together ingest prompts of similar length (less padding).
+        # Each row samples from its own generator, so the order changes no result.
+        order = [t for members in sorted(by_prompt.values(), key=lambda m: len(m[0].prompt_ids)) for t in members]
         # The common prefix, short of every prompt's last token (whose logits the row needs).
         prompts = list(by_prompt)
         first = prompts[0]
@@ -494,7 +501,10 @@ class HFEngine:
         while True:
             self._admit(queue, slots, cache, sampling, pool)
             self._collect_tools(slots, cache, block=False)
-            if not queue and any(s is None for s in slots):  # rows left: drop them, and the holes at once
+            free = sum(s is None for s in slots)
+            # Rows left and none will come: drop them (and the holes) once they are a quarter of the batch
+            # or all of it (each costs a row of every decode step; a compaction copies the whole cache).
+            if not queue and free and (4 * free >= len(slots) or free == len(slots)):
                 keep = [i for i, s in enumerate(slots) if s is not None]
                 self.stats.compactions += cache.compact(keep)
                 slots[:] = [slots[i] for i in keep]
