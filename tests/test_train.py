@@ -15,6 +15,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from coa import sft
 from coa import train as T
+from coa import zero as Z
 from coa.config import DeepSpeedConfig, SftConfig
 from coa.model import train_tokenizer
 from coa.prompts import system_prompt
@@ -371,6 +372,7 @@ import json, sys, torch
 sys.path.insert(0, {tests!r})
 from test_train import cfg, make_tokenizer, records, tiny_model
 from coa import train as T
+from coa import zero as Z
 from coa.config import DeepSpeedConfig
 tok = make_tokenizer()
 examples, _ = T.encode_trajectories(tok, records(12), max_len=256)
@@ -382,7 +384,7 @@ model = tiny_model(tok)
 if spec.pop("from_pretrained", False):  # ZeRO-3: every rank loads only its shard
     from coa.model import load_pretrained, save_pretrained
     save_pretrained(model, tok, sys.argv[2] + "-base", {{}})
-    hold = T.zero3_loading(cfg(deepspeed=ds, **spec))
+    hold = Z.zero3_loading(cfg(deepspeed=ds, **spec))
     model, _ = load_pretrained(sys.argv[2] + "-base")
     del hold
     assert model.lm_head.weight.numel() == 0 and hasattr(model.lm_head.weight, "ds_id")
@@ -481,7 +483,7 @@ def test_deepspeed_config_from_params():
         dtype="bfloat16",
         deepspeed=DeepSpeedConfig(enabled=True, zero_stage=3, dist_backend="nccl", offload_optimizer=True),
     )
-    d = T.deepspeed_config(c, world=8)
+    d = Z.deepspeed_config(c, world=8)
     assert d["train_batch_size"] == 64 and d["gradient_accumulation_steps"] == 4
     assert (
         d["zero_optimization"]["stage"] == 3
@@ -506,4 +508,4 @@ def test_paper_preset_merges_over_params_into_valid_config():
     assert (s.lr, s.warmup_ratio, s.max_len, s.row_tokens, s.dtype) == (1.4e-5, 0.1, 32768, 32768, "bfloat16")
     assert 2.0 <= s.epochs <= 2.5
     assert s.deepspeed.enabled and s.deepspeed.zero_stage == 3 and s.deepspeed.dist_backend == "nccl"
-    assert T.deepspeed_config(s, world=8)["train_batch_size"] == s.rows_per_step * s.gradient_accumulation * 8
+    assert Z.deepspeed_config(s, world=8)["train_batch_size"] == s.rows_per_step * s.gradient_accumulation * 8
