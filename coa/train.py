@@ -381,7 +381,8 @@ def train_sft(
 
     autocast_dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else None
     if use_ds:
-        engine, scheduler = deepspeed_init(model, cfg, build_optimizer, lr_lambda)
+        optimizer = build_optimizer(model, cfg, cpu_adam=cfg.deepspeed.offload_optimizer)
+        engine, scheduler = deepspeed_init(model, cfg, optimizer, lr_lambda)
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         run, dev = engine, engine.device
         optimizer = None

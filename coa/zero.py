@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO for the SFT loop (coa.train): config from params, sharded loading, engine, gathered model.
 
     hold = zero3_loading(cfg)            # before from_pretrained: ZeRO-3 ranks load only their shard
-    engine, scheduler = deepspeed_init(model, cfg, build_optimizer, lr_lambda)
+    optimizer = build_optimizer(model, cfg, cpu_adam=cfg.deepspeed.offload_optimizer)
+    engine, scheduler = deepspeed_init(model, cfg, optimizer, lr_lambda)
     model = deepspeed_full_model(engine, rank)   # the float32 weights on rank 0 (every rank calls)
 
 Runs on CPU with gloo in one process: the env vars of a launcher are filled in when absent.
@@ -65,16 +66,15 @@ def zero3_loading(cfg: SftConfig) -> Any:
     return HfDeepSpeedConfig(deepspeed_config(cfg, torch.distributed.get_world_size()))
 
 
-def deepspeed_init(model: torch.nn.Module, cfg: SftConfig, build_optimizer: Callable[..., Any],
+def deepspeed_init(model: torch.nn.Module, cfg: SftConfig, optimizer: torch.optim.Optimizer,
                    lr_lambda: Callable[[int], float]) -> tuple[Any, Any]:
-    """(DeepSpeed engine, its LR scheduler) around ``model``, with the optimizer
-    ``build_optimizer(model, cfg, cpu_adam=...)`` (CPUAdam when the optimizer is offloaded)."""
+    """(DeepSpeed engine, its LR scheduler) around ``model`` and ``optimizer`` (DeepSpeed's CPUAdam when
+    ``cfg.deepspeed.offload_optimizer``)."""
     _dist_env()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=cfg.deepspeed.dist_backend)
     world = torch.distributed.get_world_size()
-    optimizer = build_optimizer(model, cfg, cpu_adam=cfg.deepspeed.offload_optimizer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=deepspeed_config(cfg, world))

@@ -233,7 +233,8 @@ class HFEngine:
                 group = _Group(queued=len(members))
                 self._groups.update((id(t), group) for t in members)
         # Shorter prompts first: rows admitted together ingest prompts of similar length (less padding).
-        # Each row samples from its own generator, so the order changes no result.
+        # Each row samples from its own generator, so in float32 the order changes no result (in bf16 the
+        # batch's composition can move a logit by a rounding step).
         order = [t for members in sorted(by_prompt.values(), key=lambda m: len(m[0].prompt_ids)) for t in members]
         # The common prefix, short of every prompt's last token (whose logits the row needs).
         prompts = list(by_prompt)
@@ -279,8 +280,8 @@ class HFEngine:
             self._collect_tools(slots, cache, block=False)
             free = sum(s is None for s in slots)
             # Rows left and none will come: drop them (and the holes) once they are a quarter of the batch
-            # or all of it (each costs a row of every decode step; a compaction copies the whole cache).
-            if not queue and free and (4 * free >= len(slots) or free == len(slots)):
+            # (each costs a row of every decode step; a compaction copies the whole cache).
+            if not queue and free and 4 * free >= len(slots):
                 keep = [i for i, s in enumerate(slots) if s is not None]
                 self.stats.compactions += cache.compact(keep)
                 slots[:] = [slots[i] for i in keep]
