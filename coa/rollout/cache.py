@@ -162,8 +162,9 @@ class RaggedCache:
             layer.buf_v[index, :, : layer.n] = layer.buf_v[src, :, : layer.n].clone()
         self.valid[index] = self.valid[src].clone()
 
-    def holes(self, real: int) -> int:
-        return self.rows * self.width - real
+    def longest(self) -> int:
+        """Real positions of the longest row (the width after a compaction)."""
+        return int(self.valid.sum(dim=1).max()) if self.rows and self.width else 0
 
     def compact(self, keep: list[int] | None = None) -> bool:
         """Keep rows ``keep`` (in this order; all when None) and gather each one's real positions to the

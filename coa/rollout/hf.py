@@ -11,7 +11,7 @@ the slots that finished rows free. Every forward step feeds its rows a right-pad
 ``position_ids`` (each row's own token count) and a 4D additive mask over [cache + chunk] that lets a
 token see only its row's real cached positions and the real chunk tokens before it. Pad slots therefore
 become masked holes in the cache; the cache is compacted (each row's real positions gathered, left-
-aligned) once holes pass ``compact_at`` of its area, and when rows that finished leave the batch
+aligned) once that would cut its width by ``compact_at``, and when rows that finished leave the batch
 dimension (once no request waits and they are a quarter of the batch). Two kinds of step:
 
 * decode: every decoding row feeds its one sampled token (T = 1); the other rows feed a pad (a hole);
@@ -159,7 +159,7 @@ class HFEngine:
     model: a causal LM, used on its own device and dtype (share it with a trainer to roll out the current
         weights: each call runs it in eval mode and restores its mode after); tokenizer: its tokenizer.
     max_batch: most trajectories decoded together; max_chunk_tokens: most tokens one row ingests per step;
-    tool_workers: threads running tools; compact_at: hole fraction of the cache that triggers compaction.
+    tool_workers: threads running tools; compact_at: the share of the cache's width that compaction must remove to be run.
     share_prefix: prefill the prompts' common prefix once (when at least ``min_shared_prefix`` tokens) and
         identical prompts once (their other requests fork from the first); False computes every prompt.
     """
@@ -287,8 +287,10 @@ class HFEngine:
                 slots[:] = [slots[i] for i in keep]
             if not slots:
                 return
-            real = sum(s.n for s in slots if s is not None)
-            if cache.width >= 64 and cache.holes(real) > self.compact_at * cache.rows * cache.width:
+            # A step costs rows x width; compaction shrinks the width to the longest row's real positions.
+            # (Not "holes over a share of the area": rows of ragged lengths keep holes no compaction removes,
+            # and that rule compacted on nearly every step.)
+            if cache.width >= 64 and cache.width - cache.longest() > self.compact_at * cache.width:
                 cache.compact()
                 self.stats.compactions += 1
             ingest = [i for i, s in enumerate(slots) if s is not None and s.feed and s.ingesting]
