@@ -75,10 +75,49 @@ class ToolsConfig:
 
 
 @dataclass(frozen=True)
+class AgentLimitsConfig:
+    max_turns: int = _help("Policy turns (generation segments between observations) per trajectory.")
+    max_tool_calls: int = _help("Tools run per trajectory; a call beyond it ends the trajectory.")
+    max_turn_tokens: int = _help("New tokens per turn; reaching it truncates the trajectory.")
+    max_total_tokens: int = _help("Prompt + response tokens (the context); the overlong penalty counts against it.")
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_turn_tokens", "max_total_tokens"):
+            _require(getattr(self, name) >= 1, f"common.agent.{name}", "must be >= 1")
+        _require(self.max_tool_calls >= 0, "common.agent.max_tool_calls", "must be >= 0")
+
+    def limits(self) -> Any:
+        from coa.rollout.types import Limits
+
+        return Limits(max_turns=self.max_turns, max_tool_calls=self.max_tool_calls,
+                      max_turn_tokens=self.max_turn_tokens, max_total_tokens=self.max_total_tokens)
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    enabled: bool = _help("Judge web answers that exact match rejects with an LLM (paper scale); false = EM only.")
+    base_url: str = _help("The judge's OpenAI-compatible endpoint.")
+    model: str = _help("The served judge model.")
+    api_key_env: str = _help("The environment variable holding the API key (unset = no key).")
+    timeout_s: float = _help("Seconds per request.")
+    max_retries: int = _help("Transport retries per request (with backoff).")
+    max_attempts: int = _help("Requests per verdict when the reply is not the JSON asked for; then 0.")
+    max_concurrency: int = _help("Requests in flight.")
+
+    def __post_init__(self) -> None:
+        _require(self.timeout_s > 0, "common.judge.timeout_s", "must be > 0")
+        _require(self.max_retries >= 0, "common.judge.max_retries", "must be >= 0")
+        _require(self.max_attempts >= 1, "common.judge.max_attempts", "must be >= 1")
+        _require(self.max_concurrency >= 1, "common.judge.max_concurrency", "must be >= 1")
+
+
+@dataclass(frozen=True)
 class CommonConfig:
     seed: int = _help("The one seed every random choice derives from (coa.config.derive_seed).")
     experiment: str = _help("MLflow experiment that every stage's run is logged under.")
     tools: ToolsConfig = _help("The agents' tools (web_search, crawl_page, code), shared by every stage.")
+    agent: AgentLimitsConfig = _help("Limits of the student's agent loop (solve_filter, rl, eval).")
+    judge: JudgeConfig = _help("The LLM judge of web answers (rl rewards, solve_filter, eval).")
 
     def __post_init__(self) -> None:
         _require(self.seed >= 0, "common.seed", f"must be >= 0, got {self.seed}")
@@ -364,6 +403,109 @@ class SftConfig:
 
 
 @dataclass(frozen=True)
+class SolveFilterConfig:
+    splits: list[str] = _help("Splits sampled (the RL tasks: [rl]); tasks the difficulty stage dropped are left out.")
+    domains: list[str] = _help("Domains sampled; others are left out of data/rl_tasks.parquet (rejects say so).")
+    max_tasks: int = _help("Most tasks per domain (the first by task_id); 0 = all.")
+    k: int = _help("Rollouts per task (the paper: 8).")
+    temperature: float = _help("Sampling temperature.")
+    top_p: float = _help("Nucleus sampling.")
+    drop_unsolved: bool = _help("Also drop tasks solved 0/k (no gradient signal for a tiny model); the paper "
+                                "drops only k/k.")
+    engine: EngineConfig = _help("How the SFT policy is run.")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "solve_filter.splits",
+                 f"must be a non-empty subset of {list(SPLITS)}")
+        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "solve_filter.domains",
+                 "must be a non-empty subset of [web, math, code]")
+        _require(self.max_tasks >= 0, "solve_filter.max_tasks", "must be >= 0 (0 = all)")
+        _require(self.k >= 2, "solve_filter.k", "must be >= 2 (k/k and 0/k are told apart)")
+        _require(self.temperature > 0, "solve_filter.temperature", "must be > 0 (k greedy samples are one)")
+        _require(0 < self.top_p <= 1, "solve_filter.top_p", "must be within (0, 1]")
+
+
+@dataclass(frozen=True)
+class RlConfig:
+    steps: int = _help("Optimizer steps (each: rollouts, then one update per mini-batch).")
+    prompts_per_step: int = _help("Groups (prompts) per step after dynamic sampling (the paper: 64 web, 256 code/math).")
+    rollouts_per_prompt: int = _help("Rollouts per prompt, the group (the paper: 8).")
+    max_gen_batches: int = _help("Dynamic sampling: most generation rounds per step to fill the batch with useful "
+                                 "groups (rewards not all equal); then the step trains on what it has.")
+    mini_batches: int = _help("Optimizer updates per step (the kept rollouts split in this many mini-batches).")
+    row_tokens: int = _help("Tokens per packed row in the update's forward passes.")
+    lr: float = _help("AdamW learning rate (the paper: 1e-6; a tiny model needs 1e-5 to 1e-4).")
+    warmup_steps: int = _help("Linear warm-up steps, then constant.")
+    weight_decay: float = _help("AdamW decoupled weight decay.")
+    betas: list[float] = _help("AdamW betas.")
+    grad_clip: float = _help("Clip the gradient norm to this (0 = off).")
+    clip_low: float = _help("Ratio clip below: 1 - clip_low (the paper: 0.2).")
+    clip_high: float = _help("Ratio clip above: 1 + clip_high (clip-higher; the paper: 0.28).")
+    kl_coef: float = _help("Weight of a k3 KL penalty against the SFT policy (DAPO: 0, off).")
+    temperature: float = _help("Rollout sampling temperature (log-probs are of logits / temperature).")
+    top_p: float = _help("Rollout nucleus sampling.")
+    overlong_buffer: int = _help("DAPO's soft overlong punishment: the last this many tokens of "
+                                 "common.agent.max_total_tokens cost up to overlong_factor (0 = off).")
+    overlong_factor: float = _help("The overlong punishment at the limit.")
+    repeat_penalty: float = _help("Subtracted from the reward per repeated identical tool call (0 = off).")
+    dtype: Literal["float32", "bfloat16"] = _help("Autocast dtype of the update (float32 master weights).")
+    engine: EngineConfig = _help("Rollout engine: hf shares the trained weights; vllm gets them after each step.")
+    checkpoint_every: int = _help("Steps between resumable checkpoints (model, optimizer, task stream, RNG).")
+    heldout_tasks: int = _help("Eval-split tasks per domain rolled out by the RL policy to measure KL(RL || SFT).")
+    register_as: str = _help("MLflow registered-model name of the result.")
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "max_gen_batches", "mini_batches", "row_tokens",
+                     "checkpoint_every"):
+            _require(getattr(self, name) >= 1, f"rl.{name}", "must be >= 1")
+        _require(self.rollouts_per_prompt >= 2, "rl.rollouts_per_prompt", "must be >= 2 (advantages are per group)")
+        _require(self.lr > 0, "rl.lr", "must be > 0")
+        _require(self.warmup_steps >= 0, "rl.warmup_steps", "must be >= 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "rl.betas",
+                 "must be two numbers in [0, 1)")
+        _require(self.grad_clip >= 0, "rl.grad_clip", "must be >= 0 (0 = off)")
+        _require(0 < self.clip_low < 1, "rl.clip_low", "must be within (0, 1)")
+        _require(self.clip_high > 0, "rl.clip_high", "must be > 0")
+        _require(self.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
+        _require(self.temperature > 0, "rl.temperature", "must be > 0 (a group needs different samples)")
+        _require(0 < self.top_p <= 1, "rl.top_p", "must be within (0, 1]")
+        _require(self.overlong_buffer >= 0, "rl.overlong_buffer", "must be >= 0 (0 = off)")
+        _require(self.heldout_tasks >= 0, "rl.heldout_tasks", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class DomainSamplingConfig:
+    temperature: float = _help("Sampling temperature (the paper: 0.6-1.0); 0 = greedy.")
+    top_p: float = _help("Nucleus sampling.")
+
+    def __post_init__(self) -> None:
+        _require(self.temperature >= 0, "eval.sampling.<domain>.temperature", "must be >= 0 (0 = greedy)")
+        _require(0 < self.top_p <= 1, "eval.sampling.<domain>.top_p", "must be within (0, 1]")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    splits: list[str] = _help("Splits of data/tasks.parquet evaluated (the held-out [eval]).")
+    max_tasks: int = _help("Most tasks per domain (the first by task_id); 0 = all.")
+    k: int = _help("Samples per task: accuracy is avg@k, with pass@1..k and best-of-k (the paper: 16 for small sets).")
+    sampling: dict[str, DomainSamplingConfig] = _help("Per domain (web, math, code): temperature and top_p.")
+    teacher: bool = _help("Also run the teacher team (distill.teacher) on the same tasks, k times, for accuracy and cost.")
+    benchmarks: list[SourceConfig] = _help("Public sets evaluated beside the split (curate.sources entries: kind, "
+                                           "path under curate.data_dir, n); each is reported as its own group.")
+    n_boot: int = _help("Bootstrap resamples of the accuracy confidence interval.")
+    engine: EngineConfig = _help("How the policies are run.")
+
+    def __post_init__(self) -> None:
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "eval.splits",
+                 f"must be a non-empty subset of {list(SPLITS)}")
+        _require(self.max_tasks >= 0, "eval.max_tasks", "must be >= 0 (0 = all)")
+        _require(self.k >= 1, "eval.k", "must be >= 1")
+        _require(set(self.sampling) == {"web", "math", "code"}, "eval.sampling",
+                 "must have exactly the keys web, math and code")
+        _require(self.n_boot >= 100, "eval.n_boot", "must be >= 100")
+
+
+@dataclass(frozen=True)
 class Params:
     common: CommonConfig = _help("Shared by every stage.")
     curate: CurateConfig = _help("The curate stage.")
@@ -372,6 +514,9 @@ class Params:
     difficulty: DifficultyConfig = _help("The difficulty stage.")
     distill: DistillConfig = _help("The distill stage.")
     sft: SftConfig = _help("The sft stage.")
+    solve_filter: SolveFilterConfig = _help("The solve_filter stage.")
+    rl: RlConfig = _help("The rl stage.")
+    eval: EvalConfig = _help("The eval stage.")
 
     def section(self, name: str) -> Any:
         return getattr(self, name)

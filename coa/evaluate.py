@@ -13,6 +13,8 @@ Per group (all tasks, and each domain):
   accuracy       avg@k: the mean over tasks of the task's fraction of correct samples (= pass@1);
   accuracy_ci95  a percentile bootstrap 95% interval of accuracy, resampling tasks (n_boot draws, seeded);
   pass@j         the unbiased estimator 1 - C(n-c, j) / C(n, j) averaged over tasks, for j = 1, 2, 4, ... k;
+  best_of_k      the accuracy of one sample per task chosen without the answer key (coa.metrics.best_of_k:
+                 the policy's own double-check score, then the most frequent answer);
   format_ok      the fraction of rollouts whose text parses and passes coa.format.check_transitions;
   tool_calls, turns, policy_tokens, billed_tokens   means per rollout (one attempt at a task); billed
                  tokens are coa.metrics.billed_tokens over coa.metrics.student_calls, counted with the
@@ -25,7 +27,6 @@ with coa.rewards.check in a thread pool (code tests run in the sandbox).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,39 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from coa.format import FormatError, check_transitions, parse
-from coa.metrics import billed_tokens, student_calls, token_counter
+from coa.metrics import best_of_k, billed_tokens, bootstrap_ci, pass_at_k, student_calls, token_counter
 from coa.prompts import render_prompt
-from coa.rewards import check
+from coa.rewards import Judge, check, format_ok
 from coa.rollout.types import Engine, Limits, Request, Sampling, ToolsFactory
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k of a task with c correct out of n samples (Chen et al. 2021); needs k <= n."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def bootstrap_ci(values: Sequence[float], n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values`` (resampled with replacement)."""
-    data = np.asarray(values, dtype=float)
-    if data.size == 0:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = data[rng.integers(0, data.size, size=(n_boot, data.size))].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
-
-
-def format_ok(text: str, domain: str) -> bool:
-    """Whether a rollout's text parses and follows the domain's role graph."""
-    try:
-        return not check_transitions(parse(text), domain)
-    except FormatError:
-        return False
 
 
 @dataclass
@@ -92,7 +64,8 @@ class EvalResult:
         return out
 
 
-def _summary(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], k: int, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """The metrics of one group of rows (see the module docstring); every task must have k rows."""
     by_task: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_task.setdefault(row["task_id"], []).append(row)
@@ -105,6 +78,8 @@ def _summary(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict
         "n_rollouts": len(rows),
         "accuracy": float(np.mean(accuracy)) if accuracy else float("nan"),
         "accuracy_ci95": bootstrap_ci(accuracy, n_boot, seed),
+        f"best_of_{k}": float(np.mean([best_of_k(task_rows) for task_rows in by_task.values()])) if by_task
+        else float("nan"),
     }
     for j in ks:
         summary[f"pass@{j}"] = float(np.mean([pass_at_k(k, c, j) for c in correct])) if correct else float("nan")
@@ -121,10 +96,10 @@ def _summary(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict
 
 def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, sampling: Sampling, limits: Limits,
              tools_factory: ToolsFactory, tokenizer: Any = None, seed: int = 0, n_boot: int = 1000,
-             check_workers: int = 4) -> EvalResult:
+             check_workers: int = 4, judge: Judge | None = None) -> EvalResult:
     """Roll out ``k`` samples of every task (rows of data/tasks.parquet: task_id, domain, question, answers,
     tests) and score them; ``tokenizer`` counts billed tokens (default: the engine's); ``seed`` seeds the
-    bootstrap (``sampling.seed`` the rollouts)."""
+    bootstrap (``sampling.seed`` the rollouts); ``judge`` (coa.rewards.LLMJudge) judges web answers."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
@@ -138,7 +113,7 @@ def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, samplin
     if len(rollouts) != len(pairs):
         raise RuntimeError(f"the engine returned {len(rollouts)} rollouts for {len(pairs)} requests")
     with ThreadPoolExecutor(check_workers, thread_name_prefix="check") as pool:
-        verdicts = list(pool.map(lambda pair, r: check(pair[0]["domain"], r.answer, pair[0]), pairs, rollouts))
+        verdicts = list(pool.map(lambda pair, r: check(pair[0]["domain"], r.answer, pair[0], judge), pairs, rollouts))
     count = token_counter(tokenizer)
     rows = []
     for (task, i), request, rollout, correct in zip(pairs, requests, rollouts, verdicts, strict=True):
@@ -150,6 +125,6 @@ def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, samplin
             "billed_tokens": billed_tokens(student_calls(request.prompt, rollout.text), count),
             "text": rollout.text,
         })
-    per_domain = {d: _summary([r for r in rows if r["domain"] == d], k, n_boot, seed)
+    per_domain = {d: summarize([r for r in rows if r["domain"] == d], k, n_boot, seed)
                   for d in sorted({r["domain"] for r in rows})}
-    return EvalResult(k=k, overall=_summary(rows, k, n_boot, seed), per_domain=per_domain, rows=rows)
+    return EvalResult(k=k, overall=summarize(rows, k, n_boot, seed), per_domain=per_domain, rows=rows)

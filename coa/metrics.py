@@ -1,5 +1,8 @@
-"""Cost accounting, counted one way for the teacher team and for the student.
+"""Eval metrics and cost accounting, counted one way for the teacher team and for the student.
 
+    pass_at_k(n, c, k)                            # unbiased pass@k of a task with c of n samples correct
+    bootstrap_ci(values, n_boot, seed)            # percentile bootstrap 95% interval of a mean
+    best_of_k(rows)                               # correctness of the sample a policy would pick itself
     billed_tokens(calls, count_tokens)            # sum over model calls of input + output tokens
     student_calls(prompt, trajectory)             # a trajectory's calls: one per segment between tool calls
 
@@ -10,11 +13,56 @@ trajectory holds before it) and the text it wrote. Tokens are counted with the p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from coa.format import observation_spans
+import numpy as np
+
+from coa.format import FormatError, double_check_score, observation_spans, parse
 
 Call = tuple[Sequence[str], str]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of a task with c correct out of n samples (Chen et al. 2021); needs k <= n."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def bootstrap_ci(values: Sequence[float], n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (resampled with replacement)."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(n_boot, data.size))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+
+
+def self_score(text: str) -> int:
+    """The policy's own confidence in a trajectory: its last <double_check> score (1-4), 0 without one."""
+    try:
+        scores = [double_check_score(s.content) for s in parse(text) if s.tag == "double_check"]
+    except FormatError:
+        return 0
+    scores = [s for s in scores if s is not None]
+    return scores[-1] if scores else 0
+
+
+def best_of_k(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Best-of-k without the answer key: of one task's samples (rows with text, answer, correct), pick the
+    highest self_score, ties to the answer given most often, then the first; return whether it is correct."""
+    if not rows:
+        return False
+    votes = Counter(r["answer"] for r in rows if r["answer"])
+    pick = max(range(len(rows)), key=lambda i: (self_score(rows[i]["text"]), votes.get(rows[i]["answer"], 0), -i))
+    return bool(rows[pick]["correct"])
 
 
 def billed_tokens(calls: Iterable[Call], count_tokens: Callable[[str], int]) -> int:

@@ -8,11 +8,13 @@
 
 from schemas.artifacts import (
     DOCUMENT_DTYPES,
+    EVAL_DTYPES,
     TASK_DTYPES,
     TASK_STATS_DTYPES,
     TRAJECTORY_DTYPES,
     TRANSCRIPT_DTYPES,
     Document,
+    EvalRow,
     Reject,
     Task,
     TaskStats,
@@ -20,5 +22,5 @@ from schemas.artifacts import (
     Transcript,
 )
 
-__all__ = ["DOCUMENT_DTYPES", "TASK_DTYPES", "TASK_STATS_DTYPES", "TRAJECTORY_DTYPES", "TRANSCRIPT_DTYPES", "Document", "Reject", "Task", "TaskStats",
+__all__ = ["DOCUMENT_DTYPES", "EVAL_DTYPES", "EvalRow", "TASK_DTYPES", "TASK_STATS_DTYPES", "TRAJECTORY_DTYPES", "TRANSCRIPT_DTYPES", "Document", "Reject", "Task", "TaskStats",
            "Trajectory", "Transcript"]

@@ -129,15 +129,18 @@ TASK_STATS_DTYPES = {"task_id": pl.Utf8, "domain": pl.Utf8, "split": pl.Utf8, "n
 
 
 class TaskStats(pa.DataFrameModel):
-    """data/difficulty.parquet: the closed-book pass rate of every task (the difficulty filter)."""
+    """A per-task pass rate and the filter's decision: data/difficulty.parquet (a reference model's
+    closed-book answers, the difficulty filter) and data/rl_tasks.parquet (k agentic rollouts of the SFT
+    policy, the solve filter)."""
 
     task_id: str = pa.Field(unique=True)
     domain: str = pa.Field(isin=list(DOMAINS))
     split: str = pa.Field(isin=list(SPLITS))
-    n_samples: int = pa.Field(ge=0, description="Closed-book answers sampled; 0 for tasks the filter does not cover")
+    n_samples: int = pa.Field(ge=0, description="Samples drawn; 0 for tasks the filter does not cover")
     n_correct: int = pa.Field(ge=0, description="Of them, how many coa.rewards.check accepts")
     r_q: float = pa.Field(nullable=True, ge=0, le=1, description="n_correct / n_samples; null when not sampled")
-    kept: bool = pa.Field(description="r_q <= difficulty.max_pass_rate, or not covered by the filter")
+    kept: bool = pa.Field(description="difficulty: r_q <= max_pass_rate, or not covered; solve_filter: "
+                                      "solved fewer than k times (and, with drop_unsolved, at least once)")
 
     class Config:
         strict = True
@@ -145,3 +148,33 @@ class TaskStats(pa.DataFrameModel):
     @pa.dataframe_check(error="n_correct must not exceed n_samples")
     def correct_within_samples(cls, data) -> pl.LazyFrame:
         return data.lazyframe.select(pl.col("n_correct") <= pl.col("n_samples"))
+
+
+EVAL_DTYPES = {"model": pl.Utf8, "group": pl.Utf8, "domain": pl.Utf8, "task_id": pl.Utf8, "sample": pl.Int64,
+               "correct": pl.Boolean, "answer": pl.Utf8, "parse_ok": pl.Boolean, "finish": pl.Utf8,
+               "billed_tokens": pl.Int64, "generated_tokens": pl.Int64, "tool_calls": pl.Int64, "turns": pl.Int64}
+
+
+class EvalRow(pa.DataFrameModel):
+    """data/eval.parquet: one attempt of one model at one held-out task (the eval stage)."""
+
+    model: str = pa.Field(isin=["base", "sft", "rl", "teacher"])
+    group: str = pa.Field(description="The task set: the eval split (eval) or a benchmark (bench:<kind>)")
+    domain: str = pa.Field(isin=list(DOMAINS))
+    task_id: str
+    sample: int = pa.Field(ge=0, description="0..k-1")
+    correct: bool = pa.Field(description="coa.rewards.check of the answer")
+    answer: str = pa.Field(nullable=True, description="The <answer> content; null without one")
+    parse_ok: bool = pa.Field(description="The trajectory parses and follows the role graph (teacher: its answer's shape)")
+    finish: str = pa.Field(description="Why the attempt ended (a rollout finish reason; teacher: answer or error)")
+    billed_tokens: int = pa.Field(ge=0, description="coa.metrics.billed_tokens with the policy's tokenizer")
+    generated_tokens: int = pa.Field(ge=0, description="Tokens the model(s) wrote")
+    tool_calls: int = pa.Field(ge=0)
+    turns: int = pa.Field(ge=0, description="Model calls: student segments between tool calls, teacher agent calls")
+
+    class Config:
+        strict = True
+
+    @pa.dataframe_check(error="(model, group, task_id, sample) must be unique")
+    def one_row_per_attempt(cls, data) -> pl.LazyFrame:
+        return data.lazyframe.select(~pl.struct("model", "group", "task_id", "sample").is_duplicated())

@@ -185,3 +185,47 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def judge_from(cfg: Any) -> Any:
+    """The LLM judge of web answers from `common.judge` (coa.rewards.LLMJudge), or None when disabled."""
+    if not cfg.enabled:
+        return None
+    from coa.rewards import LLMJudge
+    from coa.teacher.chat import ChatClient
+
+    client = ChatClient(cfg.base_url, cfg.model, cfg.api_key_env, timeout_s=cfg.timeout_s,
+                        max_retries=cfg.max_retries, max_concurrency=cfg.max_concurrency, temperature=0.0,
+                        max_tokens=256)
+    return LLMJudge(client, max_attempts=cfg.max_attempts)
+
+
+def tools_factory(params: Params, index_dir: str) -> Any:
+    """``tools(request)`` for rollouts: a fresh ToolSession per trajectory over `common.tools`."""
+    from coa.tools import ToolSession, build_tools
+
+    tools = build_tools(params.common.tools, index_dir=index_dir)
+    cap = params.common.tools.max_observation_chars
+    return lambda _request: ToolSession(tools, cap)
+
+
+def register_model(model_dir: Path, name: str, tags: dict[str, str]) -> str | None:
+    """Log the model folder to the active MLflow run and register it as ``name``; the new version."""
+    import mlflow
+
+    run = mlflow.active_run()
+    mlflow.log_artifacts(str(model_dir), artifact_path="model")
+    client = mlflow.MlflowClient()
+    try:
+        try:
+            client.get_registered_model(name)
+        except mlflow.exceptions.MlflowException:
+            client.create_registered_model(name)
+        # the folder's artifact URI as the source (not runs:/..., which MLflow 3 resolves to a LoggedModel)
+        version = client.create_model_version(name, source=mlflow.get_artifact_uri("model"),
+                                              run_id=run.info.run_id, tags=tags)
+    except Exception as err:  # a tracking server without a model registry: the run still has the model
+        log.warning("could not register %s in the MLflow model registry: %s", name, err)
+        return None
+    log.info("registered %s version %s", name, version.version)
+    return str(version.version)

@@ -39,32 +39,10 @@ from coa.model import RESOLVED_CONFIG, load_pretrained, save_pretrained
 from coa.train import TrainResult, encode_trajectories, train_sft
 from coa.zero import zero3_loading
 from schemas import Trajectory
-from stages._stage import Stage
+from stages._stage import Stage, register_model
 
 log = logging.getLogger("coa")
 PLOT_KEYS = ("loss", "lr", "grad_norm", "epoch")
-
-
-def _register(model_dir: Path, name: str, tags: dict[str, str]) -> str | None:
-    """Log the model folder to the active MLflow run and register it as ``name``; the new version."""
-    import mlflow
-
-    run = mlflow.active_run()
-    mlflow.log_artifacts(str(model_dir), artifact_path="model")
-    client = mlflow.MlflowClient()
-    try:
-        try:
-            client.get_registered_model(name)
-        except mlflow.exceptions.MlflowException:
-            client.create_registered_model(name)
-        # the folder's artifact URI as the source (not runs:/..., which MLflow 3 resolves to a LoggedModel)
-        version = client.create_model_version(name, source=mlflow.get_artifact_uri("model"),
-                                              run_id=run.info.run_id, tags=tags)
-    except Exception as err:  # a tracking server without a model registry: the run still has the model
-        log.warning("sft: could not register %s in the MLflow model registry: %s", name, err)
-        return None
-    log.info("sft: registered %s version %s", name, version.version)
-    return str(version.version)
 
 
 def _num(x: float) -> float | None:
@@ -137,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics = _metrics(records, examples, truncated, result)
         log.info("sft: %d steps, %.0f tokens/s, loss %.3f -> %.3f", result.steps, result.tokens_per_s,
                  result.first_loss, result.final_loss)
-        version = _register(out, cfg.register_as, {"coa.stage": "sft"})
+        version = register_model(out, cfg.register_as, {"coa.stage": "sft"})
         st.run.set_tags({"coa.registered_model": cfg.register_as,
                          "coa.registered_version": version or "none"})
         st.finish(metrics)

@@ -60,3 +60,96 @@ def test_no_answer_and_unknown_domain():
     assert check("web", None, WEB) is False
     with pytest.raises(ValueError, match="unknown domain"):
         check("chess", "e4", WEB)
+
+
+# ----------------------------------------------------------------------------- RL reward and the judge
+
+GOOD_MATH = ("<plan>1. compute</plan>\n<think>compute it</think>\n<code>```python\nprint(210)\n```</code>\n"
+             "<observation>210\n</observation>\n<reflection>information conflict: good\ntool effectiveness: good\n"
+             "trajectory monitoring: good\nok</reflection>\n<think>It printed 210.</think>\n"
+             "<answer>\\boxed{210}</answer>")
+
+
+def test_reward_is_correct_times_format():
+    from coa.rewards import RewardSpec, format_ok, reward
+
+    task = {"domain": "math", **MATH}
+    assert format_ok(GOOD_MATH, "math")
+    assert reward(task, GOOD_MATH, "\\boxed{210}", 100, RewardSpec()).total == 1.0
+    wrong = reward(task, GOOD_MATH, "\\boxed{211}", 100, RewardSpec())
+    assert wrong.total == 0.0 and wrong.format_ok and not wrong.correct
+    no_plan = GOOD_MATH.split("\n", 1)[1]  # math trajectories start with <plan>
+    bad = reward(task, no_plan, "\\boxed{210}", 100, RewardSpec())
+    assert bad.correct and not bad.format_ok and bad.total == 0.0
+    assert not format_ok("<think>unclosed", "math")
+
+
+def test_overlong_penalty_is_dapos_soft_punishment():
+    from coa.rewards import overlong_penalty
+
+    assert overlong_penalty(700, 1000, 200) == 0.0  # below max - buffer
+    assert overlong_penalty(800, 1000, 200) == 0.0
+    assert overlong_penalty(900, 1000, 200, factor=1.0) == pytest.approx(-0.5)
+    assert overlong_penalty(1000, 1000, 200, factor=0.5) == pytest.approx(-0.5)
+    assert overlong_penalty(1500, 1000, 200) == -1.0  # capped at -factor
+    assert overlong_penalty(5000, 1000, 0) == 0.0  # buffer 0: off
+
+
+def test_repeated_tool_calls_are_counted_and_penalised():
+    from coa.rewards import RewardSpec, repeated_tool_calls, reward
+
+    call = "<think>look</think>\n<web_search>Orvane  Labs</web_search>\n<observation>x</observation>\n"
+    text = "<plan>p</plan>\n" + call + call.replace("Orvane  Labs", "Orvane Labs") + \
+        call.replace("Orvane", "Tesk") + "<answer>Orvane Labs</answer>"
+    assert repeated_tool_calls(text) == 1  # whitespace does not make a call new
+    r = reward({"domain": "web", **WEB}, text, "Orvane Labs", 10, RewardSpec(repeat_penalty=0.25))
+    assert r.repeats == 1 and r.total == pytest.approx(float(r.format_ok) - 0.25)
+
+
+class _Reply:
+    def __init__(self, text):
+        self.text = text
+
+
+class _Client:
+    def __init__(self, replies):
+        self.replies, self.calls = list(replies), []
+
+    def complete(self, messages):
+        self.calls.append(messages)
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return _Reply(reply)
+
+
+def test_llm_judge_parses_verdicts_retries_and_fails_closed():
+    from coa.rewards import LLMJudge
+
+    task = {"question": "Where is Orvane Labs?", **WEB}
+    judge = LLMJudge(_Client(['{"rationale": "same lab", "equivalent": true}']))
+    assert check("web", "the lab called Orvane", task, judge)
+    assert judge.rationales[("Where is Orvane Labs?", "the lab called Orvane")] == "same lab"
+    flaky = LLMJudge(_Client(["no json here", RuntimeError("down"), 'Sure: {"equivalent": false, "rationale": "x"}']))
+    assert not check("web", "Tesk", task, flaky) and len(flaky.client.calls) == 3 and flaky.failures == 0
+    broken = LLMJudge(_Client(["?", "??"]), max_attempts=2)
+    assert not check("web", "Tesk", task, broken) and broken.failures == 1
+    exact = LLMJudge(_Client([]))
+    assert check("web", "Orvane Labs", task, exact) and not exact.client.calls  # exact match needs no judge
+
+
+def test_llm_judge_over_http(tmp_path):
+    from coa.rewards import LLMJudge
+    from coa.teacher.chat import ChatClient
+    from tests.fakes.chat_server import ChatServer
+
+    def respond(body):
+        said = body["messages"][-1]["content"]
+        return '{"rationale": "r", "equivalent": %s}' % ("true" if "Orvane Lab Inc" in said else "false")
+
+    with ChatServer(respond) as server:
+        judge = LLMJudge(ChatClient(server.base_url, "judge"))
+        task = {"question": "Who?", **WEB}
+        assert check("web", "Orvane Lab Inc", task, judge)
+        assert not check("web", "Tesk", task, judge)
+        assert server.requests[0]["model"] == "judge"

@@ -105,6 +105,25 @@ class VLLMEngine:
         return [t.result() for t in trajs]
 
 
+    def sync(self, model: Any) -> None:
+        """Load ``model``'s weights (a transformers model of the same architecture, e.g. the policy an RL
+        step just updated) into the engine, and drop the prefix cache computed with the old weights.
+        Tensor parallelism 1; runs the load on the engine's worker (``LLM.collective_rpc``)."""
+        weights = [(name, tensor.detach().to("cpu")) for name, tensor in model.state_dict().items()]
+        self.llm.collective_rpc(_load_weights, args=(weights,))
+        self.llm.reset_prefix_cache()
+
+
+def _load_weights(worker: Any, weights: list[tuple[str, Any]]) -> None:
+    """Runs on a vLLM worker: the model's own loader maps Hugging Face names to its (fused) parameters.
+    ``reload_weights`` (vLLM >= 0.12) also redoes the post-load processing (the CPU build repacks weights
+    for its kernels); older versions load into the parameters directly."""
+    if hasattr(worker, "reload_weights"):
+        worker.reload_weights(weights_iterator=iter(weights))
+    else:
+        worker.model_runner.model.load_weights(weights=iter(weights))
+
+
 class _Eos:
     """Adapts a generation-config eos entry (int, list or None) to eos_ids' ``generation_config``."""
 

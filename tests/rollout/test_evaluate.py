@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from coa.evaluate import bootstrap_ci, evaluate, pass_at_k
+from coa.evaluate import evaluate
 from coa.format import extract_answer
-from coa.metrics import billed_tokens, student_calls, token_counter
+from coa.metrics import billed_tokens, bootstrap_ci, pass_at_k, student_calls, token_counter
 from coa.prompts import render_prompt
 from coa.rollout import Limits, Rollout, Sampling
 from coa.rollout.loop import encode

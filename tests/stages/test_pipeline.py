@@ -45,13 +45,20 @@ SMOKE = {
     "difficulty": {"model_path": "models/base", "n_samples": 2, "engine": {"dtype": "float32", "max_batch": 64}},
     "distill": {"workers": 2},
     "sft": {"max_len": 1024, "row_tokens": 1024, "rows_per_step": 2, "epochs": 0.5, "checkpoint_every": 5},
+    "common": {"agent": {"max_turns": 4, "max_tool_calls": 2, "max_turn_tokens": 96, "max_total_tokens": 1024}},
+    "solve_filter": {"max_tasks": 3, "k": 2, "drop_unsolved": False, "engine": {"max_batch": 32}},
+    "rl": {"steps": 2, "prompts_per_step": 2, "rollouts_per_prompt": 2, "max_gen_batches": 1, "row_tokens": 2048,
+           "checkpoint_every": 1, "heldout_tasks": 1, "overlong_buffer": 128, "engine": {"max_batch": 32}},
+    "eval": {"max_tasks": 2, "k": 2, "engine": {"max_batch": 32},
+             "benchmarks": [{"kind": "hotpotqa", "path": "hotpotqa.json", "n": 2}]},
 }
 DATA = ["data/tasks.parquet", "data/corpus.parquet", "data/rejects/curate.parquet",
         "models/base/model.safetensors", "models/base/tokenizer.json",
         "data/index/docs.json", "data/index/data.csc.index.npy", "data/index/vocab.tokenizer.json",
         "data/difficulty.parquet", "data/rejects/difficulty.parquet",
         "data/transcripts.parquet", "data/trajectories.parquet", "data/rejects/distill.parquet",
-        "data/export/sharegpt.jsonl", "models/sft/model.safetensors"]
+        "data/export/sharegpt.jsonl", "models/sft/model.safetensors", "data/rl_tasks.parquet",
+        "data/rejects/solve_filter.parquet", "models/rl/model.safetensors", "data/eval.parquet"]
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -250,3 +257,49 @@ def test_distill_resumes_after_an_interruption(smoke_repo, tmp_path):
     assert m["resumed"] >= done and m["resumed"] < m["tasks"]  # what finished was not redone; the rest was
     for name in ("trajectories.parquet", "transcripts.parquet"):  # and the result is the uninterrupted one
         assert (tmp_path / name).read_bytes() == (smoke_repo / "data" / name).read_bytes()
+
+
+@pytest.mark.slow
+def test_solve_filter_and_rl_reconcile_and_register(smoke_repo):
+    import mlflow
+
+    tasks = read_table(smoke_repo / "data/tasks.parquet", Task)
+    stats = read_table(smoke_repo / "data/rl_tasks.parquet", TaskStats)
+    rejects = read_table(smoke_repo / "data/rejects/solve_filter.parquet", Reject)
+    m = yaml.safe_load((smoke_repo / "metrics/solve_filter.json").read_text())
+    rl_split = tasks.filter(pl.col("split") == "rl")
+    assert m["candidates"] == rl_split.height == stats.height + m["left_out"]
+    assert m["kept"] + m["rejected"] == m["candidates"] and rejects.height == m["rejected"]
+    assert set(stats["split"]) == {"rl"} and (stats["n_samples"] == 2).all()
+    assert stats.group_by("domain").len()["len"].max() <= 3
+    sft_ids = set(read_table(smoke_repo / "data/trajectories.parquet", Trajectory)["task_id"])
+    assert not sft_ids & set(stats["task_id"])
+    rl = yaml.safe_load((smoke_repo / "metrics/rl.json").read_text())
+    curve = yaml.safe_load((smoke_repo / "plots/rl_reward.json").read_text())
+    assert rl["steps"] == len(curve) == 2 and all(row["reward"] is not None for row in curve)
+    assert rl["tasks"] == m["kept"] and rl["heldout_rollouts"] == 3
+    assert not (smoke_repo / ".cache/rl").exists()
+    mlflow.set_tracking_uri(f"sqlite:///{smoke_repo / '.mlflow/mlflow.db'}")
+    assert mlflow.MlflowClient().search_model_versions("name='coa-policy'")
+
+
+@pytest.mark.slow
+def test_eval_scores_every_model_and_writes_metrics_and_plots(smoke_repo):
+    from schemas import EvalRow
+
+    rows = read_table(smoke_repo / "data/eval.parquet", EvalRow)
+    m = yaml.safe_load((smoke_repo / "metrics/eval.json").read_text())
+    assert set(rows["model"]) == set(m) - {"wall_time_s"} == {"base", "sft", "rl", "teacher"}
+    assert set(rows["group"]) == {"eval", "bench:hotpotqa"}
+    per_model = rows.group_by("model").len()
+    assert per_model["len"].n_unique() == 1  # every model attempted the same tasks k times
+    for name in ("base", "sft", "rl", "teacher"):
+        s = m[name]
+        assert 0 <= s["accuracy_ci_low"] <= s["accuracy"] <= s["accuracy_ci_high"] <= 1
+        assert s["pass@1"] <= s["pass@2"] and s["tokens_per_task"] > 0 and "bench:hotpotqa.accuracy" in s
+        assert s["tasks"] == rows.filter(pl.col("model") == name)["task_id"].n_unique()
+    assert m["teacher"]["accuracy"] >= 0.8 and m["rl"]["cost_ratio_vs_teacher"] > 0
+    for name in ("accuracy", "pass_at_k", "cost"):
+        assert yaml.safe_load((smoke_repo / f"plots/eval/{name}.json").read_text())
+    out = sh(smoke_repo, "dvc", "metrics", "show", "--json")
+    assert "teacher" in out and "accuracy_ci_low" in out

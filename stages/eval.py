@@ -1,0 +1,189 @@
+"""eval: the base, SFT and RL policies and the teacher team on the held-out split -> data/eval.parquet.
+
+    dvc repro eval
+    python -m stages.eval --tasks data/tasks.parquet --base models/base --sft models/sft --rl models/rl \\
+        --index data/index --rows data/eval.parquet --metrics metrics/eval.json --plots plots/eval
+
+Every policy answers each task of `eval.splits` (at most `max_tasks` per domain) `k` times with its tools
+(common.agent limits; per-domain sampling in `eval.sampling`), scored by the shared checker
+(coa.rewards.check; web answers by the LLM judge too when common.judge is enabled). With `eval.teacher`
+the teacher team (distill.teacher) answers the same tasks k times, so accuracy and cost compare like for
+like. `eval.benchmarks` adds public sets (adapters), each reported as its own group (`bench:<kind>`).
+
+Per model (metrics/eval.json, one flat section each: base, sft, rl, teacher): accuracy (avg@k) with its
+bootstrap 95% interval, pass@1..k (the unbiased estimator), best-of-k (self-selected: the policy's own
+double-check score, then the majority answer), format validity, tokens, tool calls and turns per attempt,
+the same per domain and benchmark, and for the students the billed-token ratio to the teacher
+(coa.metrics.billed_tokens, the student's tokenizer for both). Plots under --plots: accuracy per model and
+domain, pass@k curves, cost versus accuracy. Promotion is not here (`coa promote` after the stage).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from transformers import AutoTokenizer
+
+from coa.config import derive_seed, to_dict
+from coa.distill import linearise
+from coa.evaluate import evaluate, format_ok, summarize
+from coa.io import read_table, write_json, write_table
+from coa.metrics import token_counter
+from coa.rewards import check
+from coa.rollout.types import Sampling
+from coa.tasks.adapters import load_source
+from coa.teacher import team_factory
+from coa.teacher.orchestrator import TeamLimits, run_team
+from coa.tools import ToolSession, build_tools
+from schemas import EVAL_DTYPES, EvalRow, Task
+from stages._stage import Stage, engine_from, judge_from, tools_factory
+
+log = logging.getLogger("coa")
+POLICIES = ("base", "sft", "rl")
+
+
+def _task_sets(st: Stage) -> dict[str, list[dict[str, Any]]]:
+    cfg = st.params.eval
+    tasks = read_table(st.args.tasks, Task).filter(pl.col("split").is_in(cfg.splits)).sort("task_id")
+    if cfg.max_tasks:
+        tasks = pl.concat([part.head(cfg.max_tasks) for _, part in tasks.group_by("domain", maintain_order=True)])
+    sets = {"eval": tasks.to_dicts()}
+    for source in cfg.benchmarks:
+        if source.path is None:
+            raise SystemExit(f"eval.benchmarks: {source.kind} needs a path (under curate.data_dir)")
+        path = Path(st.params.curate.data_dir) / source.path
+        rows = load_source(source.kind, path, "eval", question_field=source.question_field,
+                           answer_field=source.answer_field).sort("task_id")
+        sets[f"bench:{source.kind}"] = rows.head(source.n).to_dicts() if source.n else rows.to_dicts()
+    return {name: rows for name, rows in sets.items() if rows}
+
+
+def _policy_rows(st: Stage, tok: Any, name: str, path: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    cfg = st.params.eval
+    engine = engine_from(cfg.engine, path)
+    tools, judge = tools_factory(st.params, st.args.index), judge_from(st.params.common.judge)
+    rows = []
+    for domain in ("web", "math", "code"):
+        part = [t for t in tasks if t["domain"] == domain]
+        if not part:
+            continue
+        s = cfg.sampling[domain]
+        sampling = Sampling(temperature=s.temperature, top_p=s.top_p,
+                            seed=derive_seed(st.params.common.seed, "eval", name, domain))
+        result = evaluate(engine, part, cfg.k, sampling, st.params.common.agent.limits(), tools,
+                          tokenizer=tok, judge=judge)
+        rows += [{**r, "tool_calls": r["n_tool_calls"], "turns": r["n_turns"]} for r in result.rows]
+    return rows
+
+
+def _teacher_rows(st: Stage, tok: Any, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The teacher team on every task k times (fresh seeds; the same agents and limits as distill)."""
+    cfg, dcfg = st.params.eval, st.params.distill
+    tools = build_tools(st.params.common.tools, index_dir=st.args.index)
+    factory = team_factory(dcfg.teacher, dcfg.offline)
+    limits = TeamLimits(**to_dict(dcfg.limits))
+    count, judge = token_counter(tok), judge_from(st.params.common.judge)
+
+    def attempt(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
+        task, i = job
+        rng = random.Random(derive_seed(st.params.common.seed, "eval", "teacher", task["task_id"], str(i)))
+        t = run_team(task["question"], task["domain"], factory(task["domain"], rng),
+                     ToolSession(tools, st.params.common.tools.max_observation_chars), limits)
+        try:
+            text = linearise(t)
+        except ValueError:
+            text = ""
+        return {"task_id": task["task_id"], "sample": i, "domain": task["domain"],
+                "correct": check(task["domain"], t.answer, task, judge), "answer": t.answer,
+                "parse_ok": bool(text) and format_ok(text, task["domain"]),
+                "finish": "error" if t.error else "answer", "billed_tokens": t.billed_tokens(count),
+                "generated_tokens": sum(count(c.output) for c in t.calls), "tool_calls": t.tool_calls,
+                "turns": len(t.calls), "n_tool_calls": t.tool_calls, "n_turns": len(t.calls), "text": text}
+
+    with ThreadPoolExecutor(dcfg.workers) as pool:
+        return list(pool.map(attempt, [(task, i) for task in tasks for i in range(cfg.k)]))
+
+
+def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, float]:
+    """One model's flat metrics: overall, then per domain and per benchmark group."""
+    out: dict[str, float] = {}
+    groups = [("", rows)]
+    groups += [(f"{d}.", [r for r in rows if r["domain"] == d and r["group"] == "eval"]) for d in ("web", "math", "code")]
+    groups += [(f"{g}.", [r for r in rows if r["group"] == g]) for g in sorted({r["group"] for r in rows} - {"eval"})]
+    for prefix, part in groups:
+        if not part:
+            continue
+        s = summarize(part, k, n_boot, seed)
+        n = len(part)
+        out.update({f"{prefix}accuracy": s["accuracy"], f"{prefix}accuracy_ci_low": s["accuracy_ci95"][0],
+                    f"{prefix}accuracy_ci_high": s["accuracy_ci95"][1], f"{prefix}best_of_{k}": s[f"best_of_{k}"],
+                    f"{prefix}format_ok": s["format_ok"], f"{prefix}tasks": s["n_tasks"],
+                    f"{prefix}tokens_per_task": sum(r["billed_tokens"] for r in part) / n,
+                    f"{prefix}generated_tokens_per_task": sum(r["generated_tokens"] for r in part) / n,
+                    f"{prefix}tool_calls_per_task": sum(r["tool_calls"] for r in part) / n,
+                    f"{prefix}turns_per_task": sum(r["turns"] for r in part) / n})
+        out.update({f"{prefix}{key}": v for key, v in s.items() if key.startswith("pass@")})
+    return {k: round(float(v), 4) for k, v in out.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    inputs = {"tasks": "curated tasks (parquet)", "base": "the starting policy", "sft": "the SFT policy",
+              "rl": "the RL policy", "index": "search index folder"}
+    with Stage("eval", argv, inputs=inputs, sections=("distill",),
+               outputs={"rows": "one row per attempt (parquet)", "metrics": "figures per model (JSON)",
+                        "plots": "plots folder (JSON rows)"}) as st:
+        cfg, seed = st.params.eval, st.params.common.seed
+        tok = AutoTokenizer.from_pretrained(st.args.base)  # counts every model's tokens, the teacher's too
+        sets = _task_sets(st)
+        log.info("eval: %s, k=%d", ", ".join(f"{len(v)} {g} tasks" for g, v in sets.items()), cfg.k)
+        rows: list[dict[str, Any]] = []
+        timings: dict[str, float] = {}
+        models = [(name, getattr(st.args, name)) for name in POLICIES] + ([("teacher", None)] if cfg.teacher else [])
+        for name, path in models:
+            start = time.perf_counter()
+            for group, part in sets.items():
+                got = _policy_rows(st, tok, name, path, part) if path else _teacher_rows(st, tok, part)
+                rows += [{**r, "model": name, "group": group} for r in got]
+            timings[name] = round(time.perf_counter() - start, 2)
+            log.info("eval: %s in %.1f s", name, timings[name])
+
+        table = pl.DataFrame([{k: r[k] for k in EVAL_DTYPES} for r in rows], schema=EVAL_DTYPES)
+        write_table(table.sort("model", "group", "task_id", "sample"), st.args.rows, EvalRow)
+        metrics: dict[str, Any] = {name: _section([r for r in rows if r["model"] == name], cfg.k, cfg.n_boot, seed)
+                                   for name, _ in models}
+        for name, _ in models:
+            metrics[name]["eval_s"] = timings[name]
+            if "teacher" in metrics and name != "teacher":
+                metrics[name]["cost_ratio_vs_teacher"] = round(
+                    metrics[name]["tokens_per_task"] / max(metrics["teacher"]["tokens_per_task"], 1e-9), 4)
+        _plots(Path(st.args.plots), metrics, cfg.k)
+        log.info("eval: %s", "; ".join(f"{m} accuracy {s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, "
+                                       f"{s['accuracy_ci_high']:.3f}], {s['tokens_per_task']:.0f} tokens/task"
+                                       for m, s in metrics.items()))
+        st.finish(metrics)
+
+
+def _plots(folder: Path, metrics: dict[str, dict[str, float]], k: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    accuracy, curves, cost = [], [], []
+    for model, m in metrics.items():
+        for domain in ("all", "web", "math", "code"):
+            key = "accuracy" if domain == "all" else f"{domain}.accuracy"
+            if key in m:
+                accuracy.append({"model": model, "domain": domain, "accuracy": m[key]})
+        curves += [{"model": model, "k": int(key[5:]), "pass_at_k": v} for key, v in m.items()
+                   if key.startswith("pass@")]
+        cost.append({"model": model, "tokens_per_task": m["tokens_per_task"], "accuracy": m["accuracy"]})
+    write_json(folder / "accuracy.json", accuracy)
+    write_json(folder / "pass_at_k.json", curves)
+    write_json(folder / "cost.json", cost)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""rl: DAPO on multi-turn tool rollouts, from the SFT policy on the solve-filtered RL tasks -> models/rl/.
+
+    dvc repro rl
+    python -m stages.rl --tasks data/tasks.parquet --rl-tasks data/rl_tasks.parquet --policy models/sft \\
+        --index data/index --checkpoints .cache/rl --out models/rl --metrics metrics/rl.json \\
+        --plots plots/rl_reward.json
+
+Every step rolls out `rl.prompts_per_step` x `rl.rollouts_per_prompt` trajectories of the current policy
+with its tools (common.agent limits), rewards each with coa.rewards.reward (correct x format, soft overlong
+punishment, optional repeated-call penalty; web answers by exact match, or the LLM judge of common.judge),
+keeps the groups whose rewards differ (dynamic sampling, up to `max_gen_batches` rounds) and takes
+`mini_batches` clip-higher token-mean policy-gradient steps (coa.dapo). The reward curve is of every
+rollout of a step, before group filtering. Engine `hf` rolls out the trained weights themselves; `vllm`
+gets them after every step. Checkpoints every `checkpoint_every` steps under --checkpoints; a killed run
+started again resumes there. At the end the RL policy answers `heldout_tasks` eval-split tasks per
+domain, and KL(RL || SFT) per token is measured on those rollouts. The model is registered as
+`rl.register_as` (coa-policy).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+
+import polars as pl
+
+from coa.config import derive_seed, to_dict
+from coa.dapo import heldout_kl, train_dapo
+from coa.io import read_table, write_json
+from coa.model import RESOLVED_CONFIG, load_pretrained, save_pretrained
+from coa.prompts import render_prompt
+from coa.rewards import RewardSpec, reward
+from coa.rollout.types import Request, Sampling
+from schemas import Task, TaskStats
+from stages._stage import Stage, engine_from, judge_from, register_model, tools_factory
+
+log = logging.getLogger("coa")
+PLOT_KEYS = ("reward", "accuracy", "groups_kept", "entropy", "clip_fraction", "response_tokens", "tool_calls")
+
+
+def _num(x: float) -> float | None:
+    return round(float(x), 6) if x is not None and math.isfinite(x) else None
+
+
+def _fifths(history: list[dict], key: str) -> tuple[float, float]:
+    n = max(1, len(history) // 5)
+    first = [h[key] for h in history[:n]]
+    last = [h[key] for h in history[-n:]]
+    return sum(first) / len(first), sum(last) / len(last)
+
+
+def main(argv: list[str] | None = None) -> None:
+    inputs = {"tasks": "curated tasks (parquet)", "rl_tasks": "solve_filter stats (parquet)",
+              "policy": "the SFT policy (HF folder)", "index": "search index folder",
+              "checkpoints": "resume checkpoints folder (removed after a finished run)"}
+    with Stage("rl", argv, inputs=inputs,
+               outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
+                        "plots": "reward curve (JSON rows per step)"}) as st:
+        cfg, agent = st.params.rl, st.params.common.agent
+        seed = derive_seed(st.params.common.seed, "rl")
+        tasks = read_table(st.args.tasks, Task).sort("task_id")
+        kept = set(read_table(st.args.rl_tasks, TaskStats).filter(pl.col("kept"))["task_id"])
+        train = tasks.filter(pl.col("task_id").is_in(kept)).to_dicts()
+        if not train:
+            raise SystemExit(f"{st.args.rl_tasks}: no RL tasks kept; the SFT policy solved every task k/k or "
+                             "0/k (see metrics/solve_filter.json; solve_filter.drop_unsolved: false keeps 0/k)")
+        model, tok = load_pretrained(st.args.policy)
+        if cfg.engine.kind == "hf":
+            from coa.rollout.hf import HFEngine
+
+            engine = HFEngine(model, tok, max_batch=cfg.engine.max_batch)  # rolls out the trained weights
+        else:
+            engine = engine_from(cfg.engine, st.args.policy)
+            if not hasattr(engine, "sync"):
+                raise SystemExit(f"rl.engine.kind={cfg.engine.kind} cannot receive the trained weights; "
+                                 "use hf or vllm")
+        ref = load_pretrained(st.args.policy)[0] if cfg.kl_coef > 0 else None
+        spec = RewardSpec(max_tokens=agent.max_total_tokens, overlong_buffer=cfg.overlong_buffer,
+                          overlong_factor=cfg.overlong_factor, repeat_penalty=cfg.repeat_penalty)
+        judge = judge_from(st.params.common.judge)
+
+        def score(task: dict, rollout) -> tuple[float, bool]:
+            n_tokens = len(rollout.prompt_ids) + len(rollout.response_ids)
+            r = reward(task, rollout.text, rollout.answer, n_tokens, spec, judge)
+            return r.total, r.correct
+
+        def log_step(step: int, metrics: dict[str, float]) -> None:
+            st.run.log_metrics({"train": metrics}, step=step)
+
+        tools = tools_factory(st.params, st.args.index)
+        result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent.limits(), tools_factory=tools,
+                            score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
+                            seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step, ref_model=ref)
+
+        out = Path(st.args.out)
+        shutil.rmtree(out, ignore_errors=True)
+        sft_cfg = Path(st.args.policy) / RESOLVED_CONFIG
+        resolved = {"common": to_dict(st.params.common), "rl": to_dict(cfg),
+                    "sft_model": json.loads(sft_cfg.read_text()) if sft_cfg.exists() else None}
+        save_pretrained(result.model, tok, out, resolved)
+        h = result.history
+        write_json(st.args.plots, [{"step": int(x["step"]), **{k: _num(x.get(k)) for k in PLOT_KEYS}} for x in h])
+
+        # KL(RL || SFT) on held-out rollouts of the RL policy (eval-split tasks, never trained on)
+        heldout = [t for d in ("math", "code", "web") for t in
+                   tasks.filter((pl.col("split") == "eval") & (pl.col("domain") == d)).head(cfg.heldout_tasks)
+                   .to_dicts()]
+        kl = float("nan")
+        if heldout and cfg.engine.kind == "hf":
+            requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"])
+                        for t in heldout]
+            rollouts = engine.rollout(requests, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed),
+                                      agent.limits(), tools)
+            sft_model = load_pretrained(st.args.policy)[0]
+            kl = heldout_kl(result.model, sft_model, rollouts, cfg.temperature, tok.pad_token_id)
+
+        reward_first, reward_last = _fifths(h, "reward")
+        acc_first, acc_last = _fifths(h, "accuracy")
+        metrics = {
+            "tasks": len(train), "steps": result.steps, "resumed_from_step": result.resumed_from,
+            "reward_first_fifth": round(reward_first, 4), "reward_last_fifth": round(reward_last, 4),
+            "accuracy_first_fifth": round(acc_first, 4), "accuracy_last_fifth": round(acc_last, 4),
+            "groups_kept_mean": round(sum(x["groups_kept"] for x in h) / len(h), 3),
+            "groups_generated": int(sum(x["groups_generated"] for x in h)),
+            "rollout_s": round(sum(x["rollout_s"] for x in h), 2), "update_s": round(sum(x["update_s"] for x in h), 2),
+            "heldout_rollouts": len(heldout), "kl_rl_sft_heldout": _num(kl),
+        }
+        for key in ("entropy", "clip_fraction", "response_tokens", "tool_calls"):
+            vals = [x[key] for x in h if key in x]
+            if vals:
+                metrics[f"{key}_last"] = round(vals[-1], 4)
+        log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
+                 reward_first, reward_last, kl)
+        version = register_model(out, cfg.register_as, {"coa.stage": "rl"})
+        st.run.set_tags({"coa.registered_model": cfg.register_as, "coa.registered_version": version or "none"})
+        st.finish(metrics)
+        shutil.rmtree(st.args.checkpoints, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
