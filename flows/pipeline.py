@@ -6,6 +6,8 @@
 Each task runs `dvc repro --single-item STAGE`, so DVC's cache and dvc.lock hold exactly as with
 `dvc repro`; all stages share one `COA_PIPELINE_RUN_ID` (the flow run id), which MLflow tags record.
 The order comes from dvc.yaml alone: a stage added there is run without touching this file.
+After eval, `coa promote` moves the registry's `champion` alias to the RL policy when its eval wins
+(not a DVC stage: a stage never depends on registry state).
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def run_stage(stage: str, run_id: str) -> str:
     return proc.stdout
 
 
+def promote_step() -> str:
+    """`coa promote` with its defaults (metrics/eval.json, models/rl, coa-policy@champion)."""
+    from flows.cli import promote
+
+    return promote("metrics/eval.json", "models/rl", "coa-policy", "champion", None)
+
+
 def build_flow(retries: int = 1):
     from prefect import flow, task
     from prefect.runtime import flow_run
@@ -66,6 +75,8 @@ def build_flow(retries: int = 1):
         order = [s for s in stage_order() if stages is None or s in stages]
         for stage in order:  # sequential: DVC holds one lock per repository
             print(stage_task(stage, run_id))
+        if "eval" in order:
+            print(task(promote_step, retries=retries, task_run_name="promote")())
         return order
 
     return pipeline

@@ -35,7 +35,7 @@ from coa.prompts import render_prompt
 from coa.rewards import RewardSpec, reward
 from coa.rollout.types import Request, Sampling
 from schemas import Task, TaskStats
-from stages._stage import Stage, engine_from, judge_from, register_model, tools_factory
+from stages._stage import Stage, engine_from, judge_from, md5_path, register_model, tools_factory
 
 log = logging.getLogger("coa")
 PLOT_KEYS = ("reward", "accuracy", "groups_kept", "entropy", "clip_fraction", "response_tokens", "tool_calls")
@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
                 metrics[f"{key}_last"] = round(vals[-1], 4)
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
                  reward_first, reward_last, kl)
-        version = register_model(out, cfg.register_as, {"coa.stage": "rl"})
+        # the content hash lets `coa promote` find the version that is the workspace's models/rl
+        version = register_model(out, cfg.register_as, {"coa.stage": "rl", "coa.model_md5": md5_path(out)})
         st.run.set_tags({"coa.registered_model": cfg.register_as, "coa.registered_version": version or "none"})
         st.finish(metrics)
         shutil.rmtree(st.args.checkpoints, ignore_errors=True)
