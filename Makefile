@@ -7,7 +7,11 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup pipeline test lint lock bench
+.PHONY: setup pipeline test lint lock bench s3 mlflow-server prefect-server
+
+S3_PORT      ?= 8333
+MLFLOW_PORT  ?= 5000
+S3_ENDPOINT  ?= http://127.0.0.1:$(S3_PORT)
 
 # torch first (the local CPU build; an unpinned torch pulls CUDA), then the exact lock without
 # resolving (fast, repeatable), then this package.
@@ -31,6 +35,19 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+## Team setup (README): a local S3 (SeaweedFS), an MLflow server with its artifacts on S3, Prefect's UI.
+s3: setup
+	$(BIN)/python -m flows.s3 --dir .s3 --port $(S3_PORT)
+
+mlflow-server: setup
+	AWS_ACCESS_KEY_ID=$${AWS_ACCESS_KEY_ID:-coa} AWS_SECRET_ACCESS_KEY=$${AWS_SECRET_ACCESS_KEY:-coa-secret} \
+	MLFLOW_S3_ENDPOINT_URL=$${MLFLOW_S3_ENDPOINT_URL:-$(S3_ENDPOINT)} \
+	$(BIN)/mlflow server --backend-store-uri sqlite:///$(abspath .mlflow-server.db) \
+		--artifacts-destination s3://coa-mlflow/artifacts --host 127.0.0.1 --port $(MLFLOW_PORT)
+
+prefect-server: setup
+	$(BIN)/prefect server start
 
 bench: setup
 	$(BIN)/python bench/foundation.py

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
 import yaml
 
 from flows.pipeline import stage_graph, stage_order
@@ -22,3 +26,58 @@ def test_a_new_stage_is_picked_up_without_code_changes(repo_root, tmp_path):
     assert graph["extra"] == {"base", "curate"} and graph["after"] == {"extra"}
     order = stage_order(tmp_path / "dvc.yaml")
     assert order.index("base") < order.index("extra") < order.index("after")
+
+
+def test_calls_remote_marks_stages_that_need_retries():
+    from flows.pipeline import calls_remote
+
+    local = {"common": {"tools": {"search_provider": "bm25"}, "judge": {"enabled": False}},
+             "distill": {"teacher": {"backend": "offline"}}, "difficulty": {"engine": {"kind": "hf"}}}
+    assert not any(calls_remote(s, local) for s in ("curate", "distill", "difficulty", "rl", "eval"))
+    remote = {**local, "distill": {"teacher": {"backend": "openai"}}, "difficulty": {"engine": {"kind": "openai"}}}
+    assert calls_remote("distill", remote) and calls_remote("difficulty", remote)
+    judged = {**local, "common": {"tools": {"search_provider": "bm25"}, "judge": {"enabled": True}}}
+    assert calls_remote("eval", judged) and not calls_remote("curate", judged)
+
+
+def test_exp_metrics_reads_dvc_exp_show_json():
+    from flows.pipeline import exp_metrics
+
+    show = [{"rev": "workspace", "data": {"metrics": {}}, "experiments": [
+        {"revs": [{"name": "lr-hi", "data": {"metrics": {"metrics/sft.json": {"data": {"final_loss": 0.4}},
+                                                      "metrics/eval.json": {"data": {"rl": {"accuracy": 0.1}}}}}}]},
+        {"revs": [{"name": "other", "data": {"metrics": {}}}]}]}]
+    import json
+
+    rows = exp_metrics(json.dumps(show), ["lr-hi"])
+    assert rows == [{"experiment": "lr-hi", "sft.final_loss": 0.4, "eval.rl.accuracy": 0.1}]
+
+
+@pytest.mark.slow
+def test_pipeline_flow_runs_a_new_dag_in_prefects_harness(tmp_path, monkeypatch):
+    """A temporary dvc.yaml with stages the flow has never seen: it runs them in order through DVC and
+    publishes their metrics; no flow code changes."""
+    import subprocess
+    import sys
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import pipeline
+
+    bin_dir = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["git", "init", "-q"], check=True)
+    subprocess.run(["dvc", "init", "-q"], check=True)
+    write = "import json, pathlib, sys; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])"
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "make": {"cmd": f"python -c '{write}' a.txt hello", "outs": ["a.txt"]},
+        "after": {"cmd": f"python -c '{write}' m.json '{{\"n\": 2}}' && cp a.txt b.txt", "deps": ["a.txt"],
+                  "outs": ["b.txt"], "metrics": [{"m.json": {"cache": False}}]},
+    }}))
+    with prefect_test_harness():
+        order = pipeline(retries=0)
+    assert order == ["make", "after"]
+    assert (tmp_path / "b.txt").read_text() == "hello"
+    lock = yaml.safe_load((tmp_path / "dvc.lock").read_text())
+    assert set(lock["stages"]) == {"make", "after"}
