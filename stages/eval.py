@@ -10,7 +10,8 @@ Every policy answers each task of `eval.splits` (at most `max_tasks` per domain)
 the teacher team (distill.teacher) answers the same tasks k times, so accuracy and cost compare like for
 like. `eval.benchmarks` adds public sets (adapters), each reported as its own group (`bench:<kind>`).
 
-Per model (metrics/eval.json, one flat section each: base, sft, rl, teacher): accuracy (avg@k) with its
+Per model (metrics/eval.json, one flat section each: base, sft, rl, teacher), on the eval split (each
+benchmark under its own `bench:<kind>.` keys): accuracy (avg@k) with its
 bootstrap 95% interval, pass@1..k (the unbiased estimator), best-of-k (self-selected: the policy's own
 double-check score, then the majority answer), format validity, tokens, tool calls and turns per attempt,
 the same per domain and benchmark, and for the students the billed-token ratio to the teacher
@@ -111,9 +112,9 @@ def _teacher_rows(st: Stage, tok: Any, tasks: list[dict[str, Any]]) -> list[dict
 
 
 def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, float]:
-    """One model's flat metrics: overall, then per domain and per benchmark group."""
+    """One model's flat metrics: the eval split overall and per domain, then each benchmark group."""
     out: dict[str, float] = {}
-    groups = [("", rows)]
+    groups = [("", [r for r in rows if r["group"] == "eval"])]
     groups += [(f"{d}.", [r for r in rows if r["domain"] == d and r["group"] == "eval"]) for d in ("web", "math", "code")]
     groups += [(f"{g}.", [r for r in rows if r["group"] == g]) for g in sorted({r["group"] for r in rows} - {"eval"})]
     for prefix, part in groups:
@@ -157,15 +158,15 @@ def main(argv: list[str] | None = None) -> None:
         write_table(table.sort("model", "group", "task_id", "sample"), st.args.rows, EvalRow)
         metrics: dict[str, Any] = {name: _section([r for r in rows if r["model"] == name], cfg.k, cfg.n_boot, seed)
                                    for name, _ in models}
+        teacher_tokens = metrics.get("teacher", {}).get("tokens_per_task")
         for name, _ in models:
             metrics[name]["eval_s"] = timings[name]
-            if "teacher" in metrics and name != "teacher":
-                metrics[name]["cost_ratio_vs_teacher"] = round(
-                    metrics[name]["tokens_per_task"] / max(metrics["teacher"]["tokens_per_task"], 1e-9), 4)
+            if teacher_tokens and name != "teacher" and "tokens_per_task" in metrics[name]:
+                metrics[name]["cost_ratio_vs_teacher"] = round(metrics[name]["tokens_per_task"] / teacher_tokens, 4)
         _plots(Path(st.args.plots), metrics, cfg.k)
         log.info("eval: %s", "; ".join(f"{m} accuracy {s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, "
                                        f"{s['accuracy_ci_high']:.3f}], {s['tokens_per_task']:.0f} tokens/task"
-                                       for m, s in metrics.items()))
+                                       for m, s in metrics.items() if "accuracy" in s))
         st.finish(metrics)
 
 
@@ -179,7 +180,8 @@ def _plots(folder: Path, metrics: dict[str, dict[str, float]], k: int) -> None:
                 accuracy.append({"model": model, "domain": domain, "accuracy": m[key]})
         curves += [{"model": model, "k": int(key[5:]), "pass_at_k": v} for key, v in m.items()
                    if key.startswith("pass@")]
-        cost.append({"model": model, "tokens_per_task": m["tokens_per_task"], "accuracy": m["accuracy"]})
+        if "accuracy" in m:
+            cost.append({"model": model, "tokens_per_task": m["tokens_per_task"], "accuracy": m["accuracy"]})
     write_json(folder / "accuracy.json", accuracy)
     write_json(folder / "pass_at_k.json", curves)
     write_json(folder / "cost.json", cost)
