@@ -65,10 +65,9 @@ def _task_sets(st: Stage) -> dict[str, list[dict[str, Any]]]:
     return {name: rows for name, rows in sets.items() if rows}
 
 
-def _policy_rows(st: Stage, tok: Any, name: str, path: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _policy_rows(st: Stage, tok: Any, name: str, engine: Any, tools: Any, judge: Any,
+                 tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cfg = st.params.eval
-    engine = engine_from(cfg.engine, path)
-    tools, judge = tools_factory(st.params, st.args.index), judge_from(st.params.common.judge)
     rows = []
     for domain in ("web", "math", "code"):
         part = [t for t in tasks if t["domain"] == domain]
@@ -79,17 +78,17 @@ def _policy_rows(st: Stage, tok: Any, name: str, path: str, tasks: list[dict[str
                             seed=derive_seed(st.params.common.seed, "eval", name, domain))
         result = evaluate(engine, part, cfg.k, sampling, st.params.common.agent.limits(), tools,
                           tokenizer=tok, judge=judge)
-        rows += [{**r, "tool_calls": r["n_tool_calls"], "turns": r["n_turns"]} for r in result.rows]
+        rows += result.rows
     return rows
 
 
-def _teacher_rows(st: Stage, tok: Any, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _teacher_rows(st: Stage, tok: Any, tools: dict[str, Any], judge: Any,
+                  tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The teacher team on every task k times (fresh seeds; the same agents and limits as distill)."""
     cfg, dcfg = st.params.eval, st.params.distill
-    tools = build_tools(st.params.common.tools, index_dir=st.args.index)
     factory = team_factory(dcfg.teacher, dcfg.offline)
     limits = TeamLimits(**to_dict(dcfg.limits))
-    count, judge = token_counter(tok), judge_from(st.params.common.judge)
+    count = token_counter(tok)
 
     def attempt(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
         task, i = job
@@ -104,8 +103,8 @@ def _teacher_rows(st: Stage, tok: Any, tasks: list[dict[str, Any]]) -> list[dict
                 "correct": check(task["domain"], t.answer, task, judge), "answer": t.answer,
                 "parse_ok": bool(text) and format_ok(text, task["domain"]),
                 "finish": "error" if t.error else "answer", "billed_tokens": t.billed_tokens(count),
-                "generated_tokens": sum(count(c.output) for c in t.calls), "tool_calls": t.tool_calls,
-                "turns": len(t.calls), "n_tool_calls": t.tool_calls, "n_turns": len(t.calls), "text": text}
+                "generated_tokens": sum(count(c.output) for c in t.calls), "n_tool_calls": t.tool_calls,
+                "n_turns": len(t.calls), "text": text}
 
     with ThreadPoolExecutor(dcfg.workers) as pool:
         return list(pool.map(attempt, [(task, i) for task in tasks for i in range(cfg.k)]))
@@ -120,15 +119,12 @@ def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict
     for prefix, part in groups:
         if not part:
             continue
-        s = summarize(part, k, n_boot, seed)
-        n = len(part)
+        s = summarize(part, k, n_boot, seed)  # its means are per attempt (one rollout of a task)
         out.update({f"{prefix}accuracy": s["accuracy"], f"{prefix}accuracy_ci_low": s["accuracy_ci95"][0],
                     f"{prefix}accuracy_ci_high": s["accuracy_ci95"][1], f"{prefix}best_of_{k}": s[f"best_of_{k}"],
                     f"{prefix}format_ok": s["format_ok"], f"{prefix}tasks": s["n_tasks"],
-                    f"{prefix}tokens_per_task": sum(r["billed_tokens"] for r in part) / n,
-                    f"{prefix}generated_tokens_per_task": sum(r["generated_tokens"] for r in part) / n,
-                    f"{prefix}tool_calls_per_task": sum(r["tool_calls"] for r in part) / n,
-                    f"{prefix}turns_per_task": sum(r["turns"] for r in part) / n})
+                    f"{prefix}tokens_per_task": s["billed_tokens"], f"{prefix}generated_tokens_per_task": s["policy_tokens"],
+                    f"{prefix}tool_calls_per_task": s["tool_calls"], f"{prefix}turns_per_task": s["turns"]})
         out.update({f"{prefix}{key}": v for key, v in s.items() if key.startswith("pass@")})
     return {k: round(float(v), 4) for k, v in out.items()}
 
@@ -146,15 +142,20 @@ def main(argv: list[str] | None = None) -> None:
         rows: list[dict[str, Any]] = []
         timings: dict[str, float] = {}
         models = [(name, getattr(st.args, name)) for name in POLICIES] + ([("teacher", None)] if cfg.teacher else [])
+        sessions, judge = tools_factory(st.params, st.args.index), judge_from(st.params.common.judge)  # once
         for name, path in models:
             start = time.perf_counter()
+            engine = engine_from(cfg.engine, path) if path else None  # one engine per model, every group
+            teacher_tools = None if path else build_tools(st.params.common.tools, index_dir=st.args.index)
             for group, part in sets.items():
-                got = _policy_rows(st, tok, name, path, part) if path else _teacher_rows(st, tok, part)
+                got = (_policy_rows(st, tok, name, engine, sessions, judge, part) if path
+                       else _teacher_rows(st, tok, teacher_tools, judge, part))
                 rows += [{**r, "model": name, "group": group} for r in got]
             timings[name] = round(time.perf_counter() - start, 2)
             log.info("eval: %s in %.1f s", name, timings[name])
 
-        table = pl.DataFrame([{k: r[k] for k in EVAL_DTYPES} for r in rows], schema=EVAL_DTYPES)
+        renamed = {"tool_calls": "n_tool_calls", "turns": "n_turns"}  # the table's names for evaluate's keys
+        table = pl.DataFrame([{k: r[renamed.get(k, k)] for k in EVAL_DTYPES} for r in rows], schema=EVAL_DTYPES)
         write_table(table.sort("model", "group", "task_id", "sample"), st.args.rows, EvalRow)
         metrics: dict[str, Any] = {name: _section([r for r in rows if r["model"] == name], cfg.k, cfg.n_boot, seed)
                                    for name, _ in models}
