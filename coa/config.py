@@ -321,7 +321,9 @@ class EngineConfig:
     kind: Literal["hf", "vllm", "openai"] = _help(
         "hf: transformers with a KV cache, batched (CPU or GPU); vllm: in-process vllm.LLM (GPU; its own venv, see "
         "README); openai: HTTP to an OpenAI-compatible completions server.")
-    dtype: Literal["float32", "bfloat16"] = _help("hf/vllm: weights and compute dtype.")
+    dtype: Literal["auto", "float32", "bfloat16"] = _help(
+        "hf/vllm: weights and compute dtype; auto = bfloat16 where the hardware computes it natively (CUDA, "
+        "AVX512_BF16/AMX CPUs), else float32.")
     max_batch: int = _help("hf: trajectories decoded together; vllm/openai: requests in flight.")
     base_url: str = _help("openai: the server, e.g. http://127.0.0.1:8000/v1.")
     served_model: str = _help("openai: the served model name.")
@@ -382,7 +384,8 @@ class SftConfig:
     weight_decay: float = _help("AdamW decoupled weight decay.")
     betas: list[float] = _help("AdamW betas.")
     grad_clip: float = _help("Clip the gradient norm to this (0 = off).")
-    dtype: Literal["float32", "bfloat16"] = _help("Autocast dtype (float32 master weights either way).")
+    dtype: Literal["auto", "float32", "bfloat16"] = _help(
+        "Autocast dtype (float32 master weights either way); auto = bfloat16 only where native.")
     checkpoint_every: int = _help("Steps between resumable checkpoints (model, optimizer, scheduler, data order, RNG).")
     keep_checkpoints: int = _help("Most recent checkpoints kept.")
     register_as: str = _help("MLflow registered-model name of the result.")
@@ -448,7 +451,8 @@ class RlConfig:
                                  "common.agent.max_total_tokens cost up to overlong_factor (0 = off).")
     overlong_factor: float = _help("The overlong punishment at the limit.")
     repeat_penalty: float = _help("Subtracted from the reward per repeated identical tool call (0 = off).")
-    dtype: Literal["float32", "bfloat16"] = _help("Autocast dtype of the update (float32 master weights).")
+    dtype: Literal["auto", "float32", "bfloat16"] = _help(
+        "Autocast dtype of the update (float32 master weights); auto = bfloat16 only where native.")
     engine: EngineConfig = _help("Rollout engine: hf shares the trained weights; vllm gets them after each step.")
     checkpoint_every: int = _help("Steps between resumable checkpoints (model, optimizer, task stream, RNG).")
     heldout_tasks: int = _help("Eval-split tasks per domain rolled out by the RL policy to measure KL(RL || SFT).")

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from coa.device import resolve_dtype
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
 from coa.sft import Example, pack
 from coa.train import (
@@ -214,7 +215,8 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     optimizer = build_optimizer(model, cfg)
     warm = max(1, cfg.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm))
-    autocast_dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else None
+    autocast_dtype = torch.bfloat16 if resolve_dtype(cfg.dtype, dev) == torch.bfloat16 else None
+    log.info("rl: update dtype %s (rl.dtype=%s)", autocast_dtype or torch.float32, cfg.dtype)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ckpt = Path(ckpt_dir) / "state.pt" if ckpt_dir is not None else None
     state = _State()

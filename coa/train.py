@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from coa.config import SftConfig, derive_seed, to_dict
+from coa.device import cpu_capability, default_device, resolve_dtype
 from coa.sft import IGNORE_INDEX, Batch, Example, collate_packed, collate_padded, encode_example, pack
 from coa.zero import deepspeed_full_model, deepspeed_init
 
@@ -379,7 +380,10 @@ def train_sft(
     def lr_lambda(s: int) -> float:
         return lr_factor(s, total, cfg.warmup_ratio, cfg.min_lr_ratio)
 
-    autocast_dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else None
+    compute_dtype = resolve_dtype(cfg.dtype, device or default_device())
+    log.info("sft: compute dtype %s (sft.dtype=%s, cpu %s)", str(compute_dtype).removeprefix("torch."), cfg.dtype,
+             cpu_capability())
+    autocast_dtype = torch.bfloat16 if compute_dtype == torch.bfloat16 else None
     if use_ds:
         optimizer = build_optimizer(model, cfg, cpu_adam=cfg.deepspeed.offload_optimizer)
         engine, scheduler = deepspeed_init(model, cfg, optimizer, lr_lambda)
@@ -390,7 +394,7 @@ def train_sft(
         autocast_dtype = None  # DeepSpeed's bf16 mode casts the module itself
     else:
         rank, engine = 0, None
-        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dev = torch.device(device or default_device())
         model.to(dev)
         optimizer = build_optimizer(model, cfg)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from coa.config import SftConfig
+from coa.device import default_device, resolve_dtype
 
 
 def _dist_env() -> None:
@@ -47,7 +48,7 @@ def deepspeed_config(cfg: SftConfig, world: int) -> dict[str, Any]:
         "train_batch_size": cfg.rows_per_step * cfg.gradient_accumulation * world,
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "bf16": {"enabled": resolve_dtype(cfg.dtype, default_device()) == torch.bfloat16},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1 << 30,
     }

@@ -21,6 +21,7 @@ state machine and :mod:`coa.rollout.types` for what comes back.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from coa.rollout.types import (
@@ -43,7 +44,7 @@ __all__ = ["ENGINES", "FINISH_REASONS", "TRUNCATED", "Engine", "Limits", "Reques
 def make_engine(kind: str, model_path: str, **options: Any) -> Engine:
     """An engine from plain arguments (what a stage reads from params).
 
-    hf: ``model_path`` a local HF folder; options: dtype ("float32" | "bfloat16" | torch.dtype), device
+    hf: ``model_path`` a local HF folder; options: dtype ("auto" | "float32" | "bfloat16" | torch.dtype), device
         ("cpu", "cuda"), max_batch, max_chunk_tokens, tool_workers, compact_at.
     vllm: ``model_path`` a local HF folder; options: VLLMEngine's (dtype, gpu_memory_utilization,
         max_model_len, tool_workers, enable_prefix_caching, seed, and other ``vllm.LLM`` keyword args via
@@ -55,13 +56,13 @@ def make_engine(kind: str, model_path: str, **options: Any) -> Engine:
     if kind == "hf":
         import torch
 
+        from coa.device import resolve_dtype
         from coa.model import load_pretrained
         from coa.rollout.hf import HFEngine
 
-        dtype = options.pop("dtype", torch.float32)
-        if isinstance(dtype, str):
-            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         device = options.pop("device", "cpu")
+        dtype = resolve_dtype(options.pop("dtype", torch.float32), device)
+        logging.getLogger(__name__).info("hf engine: %s on %s in %s", model_path, device, dtype)
         model, tokenizer = load_pretrained(model_path, dtype=dtype)
         return HFEngine(model.to(device), tokenizer, **options)
     if kind == "vllm":

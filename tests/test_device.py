@@ -1,0 +1,55 @@
+"""dtype auto: bf16 only where the hardware computes it natively."""
+import pytest
+import torch
+
+from coa import device
+from coa.device import native_bf16, resolve_dtype
+
+
+def _cpu(monkeypatch, *, avx512_bf16=False, amx=False, flags=""):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(device, "_cpu_flags", lambda: set(flags.split()))
+
+
+def test_avx2_cpu_gets_float32(monkeypatch):
+    _cpu(monkeypatch, flags="sse4_2 avx avx2 fma")
+    assert not native_bf16("cpu")
+    assert resolve_dtype("auto", "cpu") == torch.float32
+
+
+@pytest.mark.parametrize("kw", [{"avx512_bf16": True}, {"amx": True}, {"flags": "avx2 avx512f avx512_bf16"},
+                                {"flags": "amx_tile amx_bf16"}])
+def test_native_bf16_cpu_gets_bfloat16(monkeypatch, kw):
+    _cpu(monkeypatch, **kw)
+    assert resolve_dtype("auto", "cpu") == torch.bfloat16
+
+
+def test_cuda_follows_bf16_support(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_dtype("auto", "cuda") == torch.float32
+
+
+def test_explicit_names_and_errors():
+    assert resolve_dtype("bfloat16") == torch.bfloat16
+    assert resolve_dtype(torch.float16) == torch.float16
+    with pytest.raises(ValueError, match="auto"):
+        resolve_dtype("fp8")
+
+
+def test_cpu_flags_reads_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n")
+    assert device._cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
+    assert device._cpu_flags(tmp_path / "missing") == set()
+
+
+def test_shipped_params_use_auto():
+    import yaml
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "params.yaml").read_text()
+    assert "bfloat16" not in text and "float32" not in yaml.safe_dump(yaml.safe_load(text))
