@@ -48,8 +48,9 @@ def test_cpu_flags_reads_cpuinfo(tmp_path):
 
 
 def test_shipped_params_use_auto():
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     text = (Path(__file__).resolve().parents[1] / "params.yaml").read_text()
     assert "bfloat16" not in text and "float32" not in yaml.safe_dump(yaml.safe_load(text))
