@@ -208,6 +208,26 @@ class TinyModelConfig:
 
 
 @dataclass(frozen=True)
+class PretrainConfig:
+    examples: int = _help("kind=tiny: copy-pretraining examples (coa.pretrain: training questions, then spans of them "
+                          "repeated) trained once before SFT, so the policy can copy; 0 = off.")
+    context_texts: int = _help("Training questions per example (the context the spans are copied from).")
+    spans: int = _help("Spans repeated after the context.")
+    min_span: int = _help("Shortest span, in tokens.")
+    max_span: int = _help("Longest span, in tokens.")
+    lr: float = _help("Peak learning rate (AdamW, the sft schedule: warm-up then cosine).")
+    row_tokens: int = _help("Tokens per packed row; one row per step.")
+
+    def __post_init__(self) -> None:
+        k = "base.pretrain"
+        _require(self.examples >= 0, f"{k}.examples", "must be >= 0 (0 = off)")
+        for name in ("context_texts", "spans", "min_span", "row_tokens"):
+            _require(getattr(self, name) >= 1, f"{k}.{name}", "must be >= 1")
+        _require(self.max_span >= self.min_span, f"{k}.max_span", f"must be >= min_span ({self.min_span})")
+        _require(self.lr > 0, f"{k}.lr", "must be > 0")
+
+
+@dataclass(frozen=True)
 class BaseConfig:
     kind: Literal["tiny", "hf", "smollm2"] = _help(
         "The policy's starting point: tiny (random init from base.tiny, tokenizer trained on the "
@@ -222,6 +242,7 @@ class BaseConfig:
     )
     tokenizer: TokenizerConfig = _help("kind=tiny: tokenizer training.")
     tiny: TinyModelConfig = _help("kind=tiny: the Qwen2-architecture config.")
+    pretrain: PretrainConfig = _help("kind=tiny: a short copy pretraining of the random init (coa.pretrain).")
 
     def __post_init__(self) -> None:
         if self.kind == "hf":

@@ -5,7 +5,8 @@
         --out models/base --reference models/reference --metrics metrics/base.json
 
 `base.kind`: tiny (tokenizer trained on the corpus and the sft/rl questions, never the eval split;
-Qwen2 model with a seeded random init), hf (a local model folder under `base.model_dir`), or smollm2.
+Qwen2 model with a seeded random init, then `base.pretrain.examples` of copy pretraining on the sft/rl
+questions (coa.pretrain), so the policy can copy before SFT), hf (a local model folder under `base.model_dir`), or smollm2.
 `base.reference: smollm2` converts SmolLM2-135M-Instruct for the difficulty filter.
 """
 
@@ -23,6 +24,7 @@ from coa import model as M
 from coa.config import derive_seed, to_dict
 from coa.format import TAGS
 from coa.io import read_table
+from coa.pretrain import pretrain_copy
 from schemas import Document, Task
 from stages._stage import Stage
 
@@ -42,6 +44,11 @@ def tokenizer_texts(tasks: pl.DataFrame, corpus: pl.DataFrame) -> Iterator[str]:
     yield "\n".join(f"<{t}>\n</{t}>" for t in TAGS) + "\n```python\nprint()\n```\n"
 
 
+def pretrain_texts(tasks: pl.DataFrame) -> list[str]:
+    """The copy pretraining's text: questions of the training splits only (no eval cluster's names or facts)."""
+    return tasks.filter(pl.col("split") != "eval").sort("task_id")["question"].to_list()
+
+
 def main(argv: list[str] | None = None) -> None:
     inputs = {"tasks": "curated tasks (parquet)", "corpus": "documents (parquet)"}
     outputs = {"out": "the starting policy (HF folder)", "reference": "closed-book reference (HF folder)",
@@ -51,17 +58,23 @@ def main(argv: list[str] | None = None) -> None:
         resolved = {"common": to_dict(st.params.common), "base": to_dict(cfg)}
         out = Path(st.args.out)
         shutil.rmtree(out, ignore_errors=True)
+        extra: dict[str, float] = {}
         if cfg.kind == "tiny":
             tasks = read_table(st.args.tasks, Task)
             corpus = read_table(st.args.corpus, Document)
             tok = M.train_tokenizer(tokenizer_texts(tasks, corpus), cfg.tokenizer.vocab_size, cfg.tokenizer.min_frequency)
             model = M.build_tiny_model(tok, cfg.tiny, derive_seed(seed, "base", "init"))
+            if cfg.pretrain.examples:
+                pre = pretrain_copy(model, tok, pretrain_texts(tasks), cfg.pretrain, derive_seed(seed, "base", "copy"))
+                extra = {"pretrain_examples": cfg.pretrain.examples, "pretrain_tokens": pre.tokens,
+                         "pretrain_steps": pre.steps, "pretrain_first_loss": round(pre.first_loss, 4),
+                         "pretrain_final_loss": round(pre.final_loss, 4), "pretrain_s": round(pre.train_s, 1)}
         elif cfg.kind == "hf":
             model, tok = M.load_pretrained(Path(cfg.model_dir) / cfg.hf_path)
         else:
             model, tok = M.load_smollm2()
         M.save_pretrained(model, tok, out, resolved)
-        metrics = {"params": M.n_params(model), "vocab_size": len(tok), "kind": cfg.kind}
+        metrics = {"params": M.n_params(model), "vocab_size": len(tok), "kind": cfg.kind, **extra}
         log.info("base: %s model, %.2fM parameters, vocabulary %d", cfg.kind, metrics["params"] / 1e6, len(tok))
 
         ref = Path(st.args.reference)

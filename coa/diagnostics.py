@@ -1,0 +1,103 @@
+"""Teacher-forced diagnostics of a policy on held-out teacher trajectories: does it copy from its context?
+
+    d = teacher_forced(model, tokenizer, records, max_len=2048)   # records: domain, prompt, trajectory
+    d["token_accuracy"], d["answer_accuracy"], d["copy_accuracy"], d["math.copy_accuracy"]
+
+A policy can learn the trajectory structure yet copy nothing (numbers into code, names from an observation
+into the next query, an observation into the answer), and then solves nothing. This shows it without a
+rollout: feed the teacher's trajectory and compare the policy's argmax with the teacher's next token at
+every target position (the policy's own tokens: prompt and observations are context, never targets).
+
+Per domain and overall:
+  token_accuracy   over all target tokens;
+  answer_accuracy  over the target tokens inside the final ``<answer>`` block;
+  copy_accuracy    over *copied* target tokens: ids that occur in the question or in an earlier observation
+                   and not in the domain's system prompt (scaffolding such as "the" or a tag is not a copy);
+  answer_exact     the share of trajectories whose answer block is predicted right token for token;
+  *_tokens         how many tokens each figure is over.
+Records should be of tasks the policy never trained on (the eval split).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from coa.prompts import render_prompt, system_prompt
+from coa.sft import encode_example
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def token_kinds(tokenizer: Any, question: str, domain: str, trajectory: str, n_prompt: int,
+                input_ids: Sequence[int], loss_mask: Sequence[int]) -> tuple[list[bool], list[bool]]:
+    """Per token of ``input_ids`` (prompt + trajectory + eos): (is an answer token, is a copied token).
+
+    Only target tokens (loss_mask 1) can be either; ``n_prompt`` is the number of prompt tokens.
+    """
+    n = len(input_ids)
+    answer, copied = [False] * n, [False] * n
+    offsets = tokenizer(trajectory, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    spans = [m.span(1) for m in _ANSWER.finditer(trajectory)]
+    last = spans[-1] if spans else (len(trajectory) + 1, len(trajectory) + 1)
+    scaffold = set(tokenizer(system_prompt(domain), add_special_tokens=False)["input_ids"])
+    context = set(tokenizer(question, add_special_tokens=False)["input_ids"]) - scaffold
+    for i in range(n_prompt, n):
+        if not loss_mask[i]:  # an observation token: what it says may be copied from here on
+            if input_ids[i] not in scaffold:
+                context.add(input_ids[i])
+            continue
+        j = i - n_prompt
+        if j < len(offsets):
+            s, e = offsets[j]
+            answer[i] = last[0] <= s and e <= last[1] and e > s
+        copied[i] = input_ids[i] in context
+    return answer, copied
+
+
+@torch.no_grad()
+def teacher_forced(model: Any, tokenizer: Any, records: Sequence[Mapping[str, Any]], max_len: int,
+                   device: str | torch.device | None = None) -> dict[str, float]:
+    """The figures of the module docstring over ``records`` (dicts with domain, prompt, trajectory)."""
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [right, total]
+    for r in records:
+        domain = r["domain"]
+        prompt_text = render_prompt(tokenizer, r["prompt"], domain)
+        ex = encode_example(tokenizer, prompt_text, r["trajectory"], max_len=max_len)
+        n_prompt = len(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+        answer, copied = token_kinds(tokenizer, r["prompt"], domain, r["trajectory"], n_prompt, ex.input_ids,
+                                     ex.loss_mask)
+        ids = torch.tensor([ex.input_ids], device=device)
+        pred = model(input_ids=ids, use_cache=False).logits[0, :-1].argmax(-1).tolist()  # [L-1]
+        exact = any(answer)
+        for i in range(1, len(ex.input_ids)):
+            if not ex.loss_mask[i]:
+                continue
+            ok = int(pred[i - 1] == ex.input_ids[i])
+            kinds = ["token"] + (["answer"] if answer[i] else []) + (["copy"] if copied[i] else [])
+            for kind in kinds:
+                for key in (kind, f"{domain}.{kind}"):
+                    hits[key][0] += ok
+                    hits[key][1] += 1
+            if answer[i] and not ok:
+                exact = False
+        for key in ("answer_exact", f"{domain}.answer_exact"):
+            hits[key][0] += int(exact)
+            hits[key][1] += 1
+    if was_training:
+        model.train()
+    out: dict[str, float] = {}
+    for key, (right, total) in sorted(hits.items()):
+        name = key if key.endswith("answer_exact") else f"{key}_accuracy"
+        out[name] = round(right / total, 4) if total else 0.0
+        if not key.endswith("answer_exact"):
+            out[f"{key}_tokens"] = total
+    out["trajectories"] = len(records)
+    return out
