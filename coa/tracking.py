@@ -78,6 +78,17 @@ class StageRun:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
 
+    def log_table(self, columns: dict[str, list[Any]], name: str) -> None:
+        """A table artifact (the MLflow UI shows it as a table)."""
+        self._mlflow.log_table(data=columns, artifact_file=name)
+
+    def log_figure(self, figure: Any, name: str) -> None:
+        """A matplotlib figure as an image artifact (closed afterwards)."""
+        self._mlflow.log_figure(figure, name)
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+
     def log_dict(self, data: dict[str, Any], name: str) -> None:
         self._mlflow.log_dict(data, name)
 

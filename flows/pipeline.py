@@ -36,8 +36,8 @@ from typing import Any
 import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-from prefect.states import Completed, Failed
 from prefect.runtime import flow_run
+from prefect.states import Completed, Failed
 
 RETRY_DELAYS_S = [10, 60, 300]
 

@@ -137,13 +137,14 @@ class Stage:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def finish(self, metrics: dict[str, Any], path: str | None = None) -> None:
-        """Write the stage's metrics JSON (with its wall time) and log the same to MLflow."""
+    def finish(self, metrics: dict[str, Any], path: str | None = None, logged: dict[str, Any] | None = None) -> None:
+        """Write the stage's metrics JSON (with its wall time) and log the same to MLflow (or ``logged``
+        instead, e.g. the same figures under grouped names)."""
         metrics = {**metrics, "wall_time_s": round(self.elapsed, 2)}
         if path is None:
             path = self.args.metrics
         write_json(path, metrics)
-        self.run.log_metrics(metrics)
+        self.run.log_metrics({**(logged or metrics), "wall_time_s": metrics["wall_time_s"]})
         log.info("%s: done in %.1f s", self.name, self.elapsed)
 
 
