@@ -149,16 +149,20 @@ class Stage:
 
 
 def engine_from(cfg: Any, model_path: str) -> Any:
-    """A rollout engine from an `engine:` params section (coa.config.EngineConfig) and a model folder."""
+    """A rollout engine from an `engine:` params section (coa.config.EngineConfig) and a model folder; its
+    rollouts report progress (coa.progress.tracked)."""
+    from coa.progress import tracked
     from coa.rollout import make_engine
 
     if cfg.kind == "hf":
         device = "cuda" if _cuda() else "cpu"
-        return make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device)
-    if cfg.kind == "vllm":
-        return make_engine("vllm", model_path, dtype=cfg.dtype)
-    return make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
-                       api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)
+        engine = make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device)
+    elif cfg.kind == "vllm":
+        engine = make_engine("vllm", model_path, dtype=cfg.dtype)
+    else:
+        engine = make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
+                             api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)
+    return tracked(engine, f"{cfg.kind} rollouts of {model_path}")
 
 
 def _cuda() -> bool:

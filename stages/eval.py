@@ -37,6 +37,7 @@ from coa.distill import linearise
 from coa.evaluate import evaluate, format_ok, summarize
 from coa.io import read_table, write_json, write_table
 from coa.metrics import token_counter
+from coa.progress import progress
 from coa.rewards import check
 from coa.rollout.types import Sampling
 from coa.tasks.adapters import load_source
@@ -107,8 +108,9 @@ def _teacher_rows(st: Stage, tok: Any, tools: dict[str, Any], judge: Any,
                 "generated_tokens": sum(count(c.output) for c in t.calls), "n_tool_calls": t.tool_calls,
                 "n_turns": len(t.calls), "text": text}
 
+    jobs = [(task, i) for task in tasks for i in range(cfg.k)]
     with ThreadPoolExecutor(dcfg.workers) as pool:
-        return list(pool.map(attempt, [(task, i) for task in tasks for i in range(cfg.k)]))
+        return list(progress(pool.map(attempt, jobs), len(jobs), "eval: teacher", "attempts"))
 
 
 def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, float]:
