@@ -34,7 +34,7 @@ PAGE = """<!DOCTYPE html>
 def main(npm_dir: str) -> None:
     scripts = []
     for name in ("vega", "vega-lite", "vega-embed"):
-        folder = next(Path(npm_dir).glob(f"{name}-[0-9]*"))
+        folder = next(p for p in Path(npm_dir).glob(f"{name}-[0-9]*") if p.is_dir())
         meta = json.loads((folder / "package.json").read_text())
         code = (folder / "build" / f"{name}.min.js").read_text()
         if "</script" in code or "{plot_divs}" in code:
