@@ -110,14 +110,19 @@ def metrics_markdown(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> str:
     for path in [p for p in headline + detail if Path(p).is_file()]:
         data = json.loads(Path(path).read_text())
         lines += [f"`{path}`", ""]
-        if data and all(isinstance(v, dict) for v in data.values()):
-            keys = sorted({k for v in data.values() for k in _flat(v)})
+        sections = {k: v for k, v in data.items() if isinstance(v, dict)}
+        scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+        if len(sections) > 1:  # one row per section (eval: per model), its keys as columns
+            keys = sorted({k for v in sections.values() for k in _flat(v)})
             lines += ["| section | " + " | ".join(keys) + " |", "| --- |" + " --- |" * len(keys)]
             lines += [f"| {name} | " + " | ".join(str(_flat(v).get(k, "")) for k in keys) + " |"
-                      for name, v in data.items()]
+                      for name, v in sections.items()]
+            lines.append("")
         else:
+            scalars = data
+        if scalars:
             lines += ["| metric | value |", "| --- | --- |"]
-            lines += [f"| {k} | {v} |" for k, v in sorted(_flat(data).items())]
+            lines += [f"| {k} | {v} |" for k, v in sorted(_flat(scalars).items())]
         lines.append("")
     return "\n".join(lines)
 

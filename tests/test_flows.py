@@ -124,3 +124,24 @@ def test_a_failed_stage_fails_the_flow_with_one_line(tmp_path, monkeypatch):
         state = pipeline(retries=0, return_state=True)
     assert state.is_failed() and "\n" not in state.message
     assert state.message.startswith("stage broken did not complete") and "(not run: after)" in state.message
+
+
+def test_metrics_markdown_is_one_row_per_model_and_headline_rows_per_file(tmp_path, monkeypatch):
+    import json
+
+    from flows.pipeline import headline_rows, metrics_markdown
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics" / "headline").mkdir(parents=True)
+    (tmp_path / "metrics" / "eval.json").write_text(json.dumps(
+        {"rl": {"accuracy": 0.5, "web.accuracy": 0.25}, "teacher": {"accuracy": 1.0}, "wall_time_s": 3.0}))
+    for model, acc in (("teacher", 1.0), ("rl", 0.5)):
+        (tmp_path / "metrics" / "headline" / f"{model}.json").write_text(json.dumps({"accuracy": acc}))
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"eval": {
+        "cmd": "true", "outs": [{"metrics/eval.json": {"cache": False}}],
+        "metrics": [{"metrics/headline": {"cache": False}}]}}}))
+    text = metrics_markdown("eval", tmp_path / "dvc.yaml")
+    assert "| section | accuracy | web.accuracy |" in text and "| rl | 0.5 | 0.25 |" in text
+    assert "| teacher | 1.0 |  |" in text and "| wall_time_s | 3.0 |" in text
+    assert headline_rows("eval", tmp_path / "dvc.yaml") == [{"model": "rl", "accuracy": 0.5},
+                                                            {"model": "teacher", "accuracy": 1.0}]
