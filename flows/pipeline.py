@@ -229,7 +229,7 @@ def pipeline(stages: list[str] | None = None, retries: int = 2) -> Any:
         return Failed(message=f"stage {bad[0]} did not complete: {first.message or first.name}"
                       + (f" (not run: {', '.join(bad[1:])})" if bad[1:] else ""))
     if "eval" in order:
-        done = task(promote_step, task_run_name="promote")(return_state=True)
+        done = task(promote_step, task_run_name="promote")(wait_for=[states["eval"]], return_state=True)
         if not done.is_completed():
             return Failed(message=f"promotion failed: {done.message}")
         print(done.result())

@@ -71,7 +71,8 @@ def _shots(tmp_path: Path) -> Path:
 @pytest.fixture
 def servers(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PREFECT_HOME": str(tmp_path / "prefect"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no background job workers (a dozen processes)
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
     mp, pp = _port(), _port()
