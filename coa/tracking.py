@@ -65,13 +65,15 @@ class StageRun:
     run_id: str
     _mlflow: Any
 
-    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        """Log every finite number of a (possibly nested) dict; keys are flattened with '.'."""
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None, grouped: bool = False) -> None:
+        """Log every finite number of a (possibly nested) dict; keys are flattened with '.'. With
+        ``grouped`` a '/' in a key stays: the MLflow UI groups metrics by the part before it."""
         clean = {}
         for key, value in flatten(metrics).items():
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 continue
-            clean[key.replace("@", "_at_").replace("/", ".")] = float(value)
+            key = key.replace("@", "_at_")
+            clean[key if grouped else key.replace("/", ".")] = float(value)
         if clean:
             self._mlflow.log_metrics(clean, step=step)
 

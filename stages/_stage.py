@@ -144,7 +144,7 @@ class Stage:
         if path is None:
             path = self.args.metrics
         write_json(path, metrics)
-        self.run.log_metrics({**(logged or metrics), "wall_time_s": metrics["wall_time_s"]})
+        self.run.log_metrics({**(logged or metrics), "wall_time_s": metrics["wall_time_s"]}, grouped=bool(logged))
         log.info("%s: done in %.1f s", self.name, self.elapsed)
 
 
