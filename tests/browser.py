@@ -46,6 +46,7 @@ class Browser:
         deadline = time.time() + 180  # a busy machine starts it slowly
         while not port_file.exists() or not port_file.read_text().strip():
             if time.time() > deadline or self.proc.poll() is not None:
+                self.proc.kill()  # (a slow start must not leave a browser behind)
                 raise RuntimeError(f"{self.binary} did not start (no {port_file})")
             time.sleep(0.2)
         port = port_file.read_text().split()[0]
