@@ -7,7 +7,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup pipeline test lint lock bench s3 mlflow-server prefect-server
+.PHONY: setup pipeline test lint lock bench s3 mlflow-server prefect-server plots-template
 
 S3_PORT      ?= 8333
 MLFLOW_PORT  ?= 5000
@@ -37,7 +37,9 @@ lint: setup
 	$(BIN)/ruff check .
 
 ## Team setup (README): a local S3 (SeaweedFS), an MLflow server with its artifacts on S3, Prefect's UI.
+# The endpoint lives here: `make s3 S3_PORT=9000` also points this checkout's DVC remote at it (.dvc/config.local).
 s3: setup
+	$(BIN)/dvc remote modify --local team endpointurl $(S3_ENDPOINT)
 	$(BIN)/python -m flows.s3 --dir .s3 --port $(S3_PORT)
 
 mlflow-server: setup
@@ -48,6 +50,13 @@ mlflow-server: setup
 
 prefect-server: setup
 	$(BIN)/prefect server start
+
+## The offline page of `dvc plots show` (.dvc/plots/offline.html): Vega, Vega-Lite, vega-embed from npm, inlined.
+VEGA_PACKAGES ?= vega@5.33.1 vega-lite@5.23.0 vega-embed@6.29.0
+plots-template:
+	rm -rf .cache/npm && mkdir -p .cache/npm
+	cd .cache/npm && npm pack -q $(VEGA_PACKAGES) && for f in *.tgz; do mkdir $${f%.tgz} && tar xzf $$f -C $${f%.tgz} --strip-components 1; done
+	python3 .dvc/plots/build.py .cache/npm > .dvc/plots/offline.html
 
 bench: setup
 	$(BIN)/python bench/foundation.py

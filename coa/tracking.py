@@ -39,16 +39,23 @@ def tracking_uri(root: Path | None = None) -> str:
     return _local_uri(root)
 
 
-def _experiment_id(mlflow: Any, name: str, uri: str, root: Path | None) -> str:
+# The MLflow 3 UI opens an experiment without this tag in its GenAI view; these are classic ML runs.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def experiment_id(mlflow: Any, name: str, uri: str, root: Path | None = None) -> str:
+    """The id of experiment ``name`` (created when missing), marked as a machine-learning experiment."""
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
+        if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND["mlflow.experimentKind"]:
+            mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return exp.experiment_id
     # The local store keeps artifacts beside it (MLflow's default is ./mlruns of the working directory).
     # Decided by the URI, not by the environment: mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI.
     artifact_location = None
     if uri == _local_uri(root):
         artifact_location = ((root or Path.cwd()) / LOCAL_DIR / "artifacts").resolve().as_uri()
-    return mlflow.create_experiment(name, artifact_location=artifact_location)
+    return mlflow.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
 
 
 @dataclass
@@ -58,18 +65,31 @@ class StageRun:
     run_id: str
     _mlflow: Any
 
-    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        """Log every finite number of a (possibly nested) dict; keys are flattened with '.'."""
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None, grouped: bool = False) -> None:
+        """Log every finite number of a (possibly nested) dict; keys are flattened with '.'. With
+        ``grouped`` a '/' in a key stays: the MLflow UI groups metrics by the part before it."""
         clean = {}
         for key, value in flatten(metrics).items():
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 continue
-            clean[key.replace("@", "_at_").replace("/", ".")] = float(value)
+            key = key.replace("@", "_at_")
+            clean[key if grouped else key.replace("/", ".")] = float(value)
         if clean:
             self._mlflow.log_metrics(clean, step=step)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+    def log_table(self, columns: dict[str, list[Any]], name: str) -> None:
+        """A table artifact (the MLflow UI shows it as a table)."""
+        self._mlflow.log_table(data=columns, artifact_file=name)
+
+    def log_figure(self, figure: Any, name: str) -> None:
+        """A matplotlib figure as an image artifact (closed afterwards)."""
+        self._mlflow.log_figure(figure, name)
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
 
     def log_dict(self, data: dict[str, Any], name: str) -> None:
         self._mlflow.log_dict(data, name)
@@ -92,7 +112,7 @@ def stage_run(
 
     uri = tracking_uri(root)
     mlflow.set_tracking_uri(uri)
-    exp_id = _experiment_id(mlflow, experiment, uri, root)
+    exp_id = experiment_id(mlflow, experiment, uri, root)
     start = time.perf_counter()
     with mlflow.start_run(experiment_id=exp_id, run_name=stage, tags={"coa.stage": stage, **tags}) as active:
         flat = {k: str(v)[:500] for k, v in flatten(params).items()}

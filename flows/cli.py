@@ -10,14 +10,17 @@
 `solve` runs one trajectory with the policy (a folder, or an MLflow registry URI ``models:/name@alias`` or
 ``models:/name/version``) and the tools of params.yaml's common.tools (the search index in --index), token by
 token, each role in its own colour. `promote` moves the ``champion`` alias of ``coa-policy`` to the version
-of the workspace's models/rl (found by its content hash, tagged by the rl stage) when metrics/eval.json
-puts its accuracy above the current champion's (recorded on that version when it was promoted).
+of the workspace's models/rl when metrics/eval.json puts its accuracy above the current champion's
+(recorded on that version when it was promoted); a registry without that model gets it registered first
+(coa.registry: by content hash, so whether or not the rl stage just ran). Registry and server problems
+end with one line that says what to do, and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -42,23 +45,27 @@ def _style(text: str) -> str:
 
 def resolve_model(uri: str, tracking_uri: str | None = None) -> str:
     """A local folder for a model path or an MLflow registry URI (models:/name@alias, models:/name/version)."""
-    if not uri.startswith("models:/"):
-        if not Path(uri).is_dir():
-            raise SystemExit(f"{uri}: no such model folder (run `dvc repro rl`, or pass models:/coa-policy@champion)")
-        return uri
-    import mlflow
+    from coa.registry import resolve
 
-    from coa.tracking import tracking_uri as default_uri
+    if not uri.startswith("models:/") and not Path(uri).is_dir():
+        raise SystemExit(f"{uri}: no such model folder (run `dvc repro rl` or `dvc pull`, or pass "
+                         "models:/coa-policy@champion)")
+    return resolve(uri, tracking_uri)
 
-    mlflow.set_tracking_uri(tracking_uri or default_uri())
-    client = mlflow.MlflowClient()
-    name, _, ref = uri[len("models:/"):].partition("@")
-    if ref:
-        version = client.get_model_version_by_alias(name, ref)
-    else:
-        name, _, number = name.partition("/")
-        version = client.get_model_version(name, number)
-    return mlflow.artifacts.download_artifacts(artifact_uri=version.source)
+
+def closing_line(rollout: Any) -> str:
+    """How the trajectory ended, in words (the finish reason alone reads as a contradiction without an answer)."""
+    work = (f"{rollout.n_turns} turn{'s' * (rollout.n_turns != 1)}, {rollout.n_tool_calls} tool "
+            f"call{'s' * (rollout.n_tool_calls != 1)}, {rollout.n_policy_tokens} tokens")
+    answer = (rollout.answer or "").strip()
+    if answer:
+        return f"Answer: {answer}  ({work})"
+    reasons = {"answer": "closed <answer> with nothing inside", "eos": "stopped before writing <answer>",
+               "stop": "stopped at a stop string", "turn_tokens": "filled one turn's token limit",
+               "max_total_tokens": "reached the token limit", "max_turns": "reached the turn limit",
+               "max_tool_calls": "reached the tool-call limit", "no_tools": "called a tool where none is allowed",
+               "prompt_too_long": "got a prompt longer than the token limit"}
+    return f"No answer: the policy {reasons.get(rollout.finish, rollout.finish)} ({work})"
 
 
 def solve(question: str, model_path: str, domain: str, index: str, params_path: str, temperature: float,
@@ -100,8 +107,7 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
                 shown = text
     rollout = traj.result()
     out.print()
-    out.print(f"[{rollout.finish}] {rollout.n_turns} turns, {rollout.n_tool_calls} tool calls, "
-              f"{rollout.n_policy_tokens} policy tokens; answer: {rollout.answer!r}", style="bold", markup=False)
+    out.print(closing_line(rollout), style="bold", markup=False)
     return rollout
 
 
@@ -158,26 +164,23 @@ def export(path: str, fmt: str, out_path: str) -> int:
 
 
 def promote(metrics_path: str, model_dir: str, name: str, alias: str, tracking_uri: str | None) -> str:
-    """Move ``alias`` to the registered version of ``model_dir`` when its eval accuracy beats the current
-    holder's; returns what happened (one line)."""
+    """Move ``alias`` to the registered version of ``model_dir`` (registering it first when the registry lacks
+    it) when its eval accuracy beats the current holder's; returns what happened (one line). Raises
+    coa.registry.RegistryError with a one-line reason."""
     import mlflow
 
-    from coa.tracking import tracking_uri as default_uri
-    from stages._stage import md5_path
+    from coa.registry import RegistryError, register, workspace_description
 
+    if not Path(metrics_path).exists():
+        raise RegistryError(f"{metrics_path}: not found; run `dvc repro eval` (or `dvc pull`) first")
     metrics = json.loads(Path(metrics_path).read_text())
     if "rl" not in metrics:
-        raise SystemExit(f"{metrics_path}: no 'rl' section; run `dvc repro eval` first")
+        raise RegistryError(f"{metrics_path}: no 'rl' section; run `dvc repro eval` first")
     accuracy = float(metrics["rl"]["accuracy"])
-    mlflow.set_tracking_uri(tracking_uri or default_uri())
+    candidate = register(Path(model_dir), name, {"coa.stage": "rl"}, uri=tracking_uri)
     client = mlflow.MlflowClient()
-    digest = md5_path(Path(model_dir))
-    found = client.search_model_versions(f"name='{name}' and tag.`coa.model_md5`='{digest}'")
-    if not found:
-        raise SystemExit(f"no version of {name} holds {model_dir} (md5 {digest}); run `dvc repro` so the rl "
-                         "stage registers it")
-    candidate = max(found, key=lambda v: int(v.version))
     client.set_model_version_tag(name, candidate.version, "coa.eval_accuracy", str(accuracy))
+    client.update_model_version(name, candidate.version, description=workspace_description(Path(model_dir), accuracy))
     try:
         champion = client.get_model_version_by_alias(name, alias)
     except mlflow.exceptions.MlflowException:
@@ -198,43 +201,58 @@ def promote(metrics_path: str, model_dir: str, name: str, alias: str, tracking_u
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
+    from coa.registry import RegistryError
 
+    defaults = argparse.ArgumentDefaultsHelpFormatter
     ap = argparse.ArgumentParser(prog="coa", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("solve", help="run a trained policy with its tools on one question")
+    p = sub.add_parser("solve", help="run a trained policy with its tools on one question", formatter_class=defaults)
     p.add_argument("question")
-    p.add_argument("--model", default="models/rl", help="a model folder or models:/name@alias (default models/rl)")
-    p.add_argument("--domain", choices=("web", "math", "code"), default="web")
+    p.add_argument("--model", default="models/rl", help="a model folder, models:/name@alias or models:/name/version")
+    p.add_argument("--domain", choices=("web", "math", "code"), default="web", help="which tools and rules")
     p.add_argument("--index", default="data/index", help="the search index folder")
     p.add_argument("--params", default="params.yaml", help="for common.tools and common.agent")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tracking-uri", default=None)
-    p = sub.add_parser("show", help="page through a trajectories or eval parquet")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--tracking-uri", default=None, help="MLflow (default: $MLFLOW_TRACKING_URI, else .mlflow/)")
+    p = sub.add_parser("show", help="page through a trajectories or eval parquet", formatter_class=defaults)
     p.add_argument("path")
     p.add_argument("--limit", type=int, default=20, help="rows shown (0 = all)")
     p.add_argument("--where", action="append", default=[], help="column=value filters (repeatable)")
-    p.add_argument("--no-pager", action="store_true")
-    p = sub.add_parser("export", help="trajectories to ShareGPT / LLaMA-Factory JSONL")
-    p.add_argument("path", nargs="?", default="data/trajectories.parquet")
-    p.add_argument("--format", choices=("sharegpt", "llamafactory"), default="sharegpt")
-    p.add_argument("--out", required=True)
-    p = sub.add_parser("promote", help="move the champion alias to models/rl when its eval beats the champion's")
-    p.add_argument("--metrics", default="metrics/eval.json")
-    p.add_argument("--model-dir", default="models/rl")
-    p.add_argument("--name", default="coa-policy")
-    p.add_argument("--alias", default="champion")
-    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--no-pager", action="store_true", help="print instead of paging")
+    p = sub.add_parser("export", help="trajectories to ShareGPT / LLaMA-Factory JSONL", formatter_class=defaults)
+    p.add_argument("path", nargs="?", default="data/trajectories.parquet", help="trajectories parquet")
+    p.add_argument("--format", choices=("sharegpt", "llamafactory"), default="sharegpt", help="output format")
+    p.add_argument("--out", required=True, help="output JSONL file")
+    p = sub.add_parser("promote", help="move the champion alias to models/rl when its eval beats the champion's",
+                       formatter_class=defaults)
+    p.add_argument("--metrics", default="metrics/eval.json", help="eval metrics (its 'rl' section)")
+    p.add_argument("--model-dir", default="models/rl", help="the model to register and promote")
+    p.add_argument("--name", default="coa-policy", help="registered model name")
+    p.add_argument("--alias", default="champion", help="the alias to move")
+    p.add_argument("--tracking-uri", default=None, help="MLflow (default: $MLFLOW_TRACKING_URI, else .mlflow/)")
     args = ap.parse_args(argv)
-    out = Console()
+    try:
+        return _run(args)
+    except RegistryError as err:  # one line that says what to do, not a traceback
+        print(f"coa {args.command}: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    tty = sys.stdout.isatty()
+    # piped: a wide console (rich would squeeze an 80-column table to two letters a column)
+    out = Console() if tty else Console(width=400, no_color=True)
     if args.command == "solve":
         solve(args.question, resolve_model(args.model, args.tracking_uri), args.domain, args.index, args.params,
               args.temperature, args.seed, out)
     elif args.command == "show":
-        if args.no_pager or not sys.stdout.isatty():
+        if args.no_pager or not tty:
             show(args.path, args.limit, args.where, out)
         else:
+            os.environ.setdefault("LESS", "-R")  # less shows rich's colours instead of their escape codes
             with out.pager(styles=True):
                 show(args.path, args.limit, args.where, out)
     elif args.command == "export":

@@ -14,7 +14,6 @@ Makefile and the Prefect flow set it), else derived from the `dvc repro` process
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 import re
@@ -28,7 +27,7 @@ import yaml
 from rich.logging import RichHandler
 
 from coa.config import ConfigError, Params, load_params, to_dict
-from coa.io import write_json
+from coa.io import md5_path, write_json
 from coa.tracking import stage_run
 
 log = logging.getLogger("coa")
@@ -39,26 +38,6 @@ def _git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
-
-
-def _md5_file(path: Path) -> str:
-    h = hashlib.md5()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def md5_path(path: Path) -> str:
-    """md5 of a file; for a folder, md5 over its sorted (relative path, md5) list plus '.dir'."""
-    if path.is_file():
-        return _md5_file(path)
-    entries = sorted(
-        (p.relative_to(path).as_posix(), _md5_file(p))
-        for p in path.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
-    )
-    return hashlib.md5(repr(entries).encode()).hexdigest() + ".dir"
 
 
 def _interpolate(text: str, params: dict[str, Any]) -> str:
@@ -158,27 +137,32 @@ class Stage:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def finish(self, metrics: dict[str, Any], path: str | None = None) -> None:
-        """Write the stage's metrics JSON (with its wall time) and log the same to MLflow."""
+    def finish(self, metrics: dict[str, Any], path: str | None = None, logged: dict[str, Any] | None = None) -> None:
+        """Write the stage's metrics JSON (with its wall time) and log the same to MLflow (or ``logged``
+        instead, e.g. the same figures under grouped names)."""
         metrics = {**metrics, "wall_time_s": round(self.elapsed, 2)}
         if path is None:
             path = self.args.metrics
         write_json(path, metrics)
-        self.run.log_metrics(metrics)
+        self.run.log_metrics({**(logged or metrics), "wall_time_s": metrics["wall_time_s"]}, grouped=bool(logged))
         log.info("%s: done in %.1f s", self.name, self.elapsed)
 
 
 def engine_from(cfg: Any, model_path: str) -> Any:
-    """A rollout engine from an `engine:` params section (coa.config.EngineConfig) and a model folder."""
+    """A rollout engine from an `engine:` params section (coa.config.EngineConfig) and a model folder; its
+    rollouts report progress (coa.progress.tracked)."""
+    from coa.progress import tracked
     from coa.rollout import make_engine
 
     if cfg.kind == "hf":
         device = "cuda" if _cuda() else "cpu"
-        return make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device)
-    if cfg.kind == "vllm":
-        return make_engine("vllm", model_path, dtype=cfg.dtype)
-    return make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
-                       api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)
+        engine = make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device)
+    elif cfg.kind == "vllm":
+        engine = make_engine("vllm", model_path, dtype=cfg.dtype)
+    else:
+        engine = make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
+                             api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)
+    return tracked(engine, f"{cfg.kind} rollouts of {model_path}")
 
 
 def _cuda() -> bool:
@@ -210,22 +194,11 @@ def tools_factory(params: Params, index_dir: str) -> Any:
 
 
 def register_model(model_dir: Path, name: str, tags: dict[str, str]) -> str | None:
-    """Log the model folder to the active MLflow run and register it as ``name``; the new version."""
-    import mlflow
+    """Register the model folder as ``name`` (coa.registry.register: by content hash, once); the version."""
+    from coa.registry import RegistryError, register
 
-    run = mlflow.active_run()
-    mlflow.log_artifacts(str(model_dir), artifact_path="model")
-    client = mlflow.MlflowClient()
     try:
-        try:
-            client.get_registered_model(name)
-        except mlflow.exceptions.MlflowException:
-            client.create_registered_model(name)
-        # the folder's artifact URI as the source (not runs:/..., which MLflow 3 resolves to a LoggedModel)
-        version = client.create_model_version(name, source=mlflow.get_artifact_uri("model"),
-                                              run_id=run.info.run_id, tags=tags)
-    except Exception as err:  # a tracking server without a model registry: the run still has the model
-        log.warning("could not register %s in the MLflow model registry: %s", name, err)
+        return str(register(model_dir, name, tags).version)
+    except RegistryError as err:  # a tracking server without a model registry: the run still has its metrics
+        log.warning("%s", err)
         return None
-    log.info("registered %s version %s", name, version.version)
-    return str(version.version)

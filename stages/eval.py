@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +37,7 @@ from coa.distill import linearise
 from coa.evaluate import evaluate, format_ok, summarize
 from coa.io import read_table, write_json, write_table
 from coa.metrics import token_counter
+from coa.progress import progress
 from coa.rewards import check
 from coa.rollout.types import Sampling
 from coa.tasks.adapters import load_source
@@ -106,8 +108,9 @@ def _teacher_rows(st: Stage, tok: Any, tools: dict[str, Any], judge: Any,
                 "generated_tokens": sum(count(c.output) for c in t.calls), "n_tool_calls": t.tool_calls,
                 "n_turns": len(t.calls), "text": text}
 
+    jobs = [(task, i) for task in tasks for i in range(cfg.k)]
     with ThreadPoolExecutor(dcfg.workers) as pool:
-        return list(pool.map(attempt, [(task, i) for task in tasks for i in range(cfg.k)]))
+        return list(progress(pool.map(attempt, jobs), len(jobs), "eval: teacher", "attempts"))
 
 
 def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, float]:
@@ -134,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
               "rl": "the RL policy", "index": "search index folder"}
     with Stage("eval", argv, inputs=inputs, sections=("distill",),
                outputs={"rows": "one row per attempt (parquet)", "metrics": "figures per model (JSON)",
+                        "headline": "folder: one small JSON per model (dvc metrics show)",
                         "plots": "plots folder (JSON rows)"}) as st:
         cfg, seed = st.params.eval, st.params.common.seed
         tok = AutoTokenizer.from_pretrained(st.args.base)  # counts every model's tokens, the teacher's too
@@ -164,28 +168,33 @@ def main(argv: list[str] | None = None) -> None:
             metrics[name]["eval_s"] = timings[name]
             if teacher_tokens and name != "teacher" and "tokens_per_task" in metrics[name]:
                 metrics[name]["cost_ratio_vs_teacher"] = round(metrics[name]["tokens_per_task"] / teacher_tokens, 4)
-        _plots(Path(st.args.plots), metrics, cfg.k)
+        _publish(st, metrics)
         log.info("eval: %s", "; ".join(f"{m} accuracy {s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, "
                                        f"{s['accuracy_ci_high']:.3f}], {s['tokens_per_task']:.0f} tokens/task"
                                        for m, s in metrics.items() if "accuracy" in s))
-        st.finish(metrics)
+        # MLflow: grouped by model (rl/accuracy, rl/web/accuracy, rl/pass_at_4) instead of 200 flat names
+        st.finish(metrics, logged={f"{model}/{key.replace('.', '/').replace('@', '_at_')}": v
+                                   for model, m in metrics.items() for key, v in m.items()})
 
 
-def _plots(folder: Path, metrics: dict[str, dict[str, float]], k: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    accuracy, curves, cost = [], [], []
-    for model, m in metrics.items():
-        for domain in ("all", "web", "math", "code"):
-            key = "accuracy" if domain == "all" else f"{domain}.accuracy"
-            if key in m:
-                accuracy.append({"model": model, "domain": domain, "accuracy": m[key]})
-        curves += [{"model": model, "k": int(key[5:]), "pass_at_k": v} for key, v in m.items()
-                   if key.startswith("pass@")]
-        if "accuracy" in m:
-            cost.append({"model": model, "tokens_per_task": m["tokens_per_task"], "accuracy": m["accuracy"]})
-    write_json(folder / "accuracy.json", accuracy)
-    write_json(folder / "pass_at_k.json", curves)
-    write_json(folder / "cost.json", cost)
+def _publish(st: Stage, metrics: dict[str, dict[str, float]]) -> None:
+    """Plot rows (dvc plots), the headline files (dvc metrics show), and both as MLflow artifacts."""
+    from coa.plots import figures, headline, plot_rows
+
+    rows, table = plot_rows(metrics), headline(metrics)
+    folder, heads = Path(st.args.plots), Path(st.args.headline)
+    shutil.rmtree(heads, ignore_errors=True)
+    for name, part in rows.items():
+        write_json(folder / f"{name}.json", part)
+    for model, row in table.items():
+        write_json(heads / f"{model}.json", row)
+    keys = list(dict.fromkeys(k for r in table.values() for k in r))
+    st.run.log_table({"model": list(table), **{k: [r.get(k) for r in table.values()] for k in keys}},
+                     "eval/headline.json")
+    for name, fig in figures(rows).items():
+        st.run.log_figure(fig, f"eval/{name}.png")
+    for path in sorted(folder.glob("*.json")):
+        st.run.log_artifact(path, "eval/plot_rows")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
+    from tests.browser import chromium
+
+    no_browser = pytest.mark.skip(reason="needs Chromium (Debian: apt-get install -y chromium chromium-driver)")
+    for item in items:
+        if "browser" in item.keywords and chromium() is None:
+            item.add_marker(no_browser)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -63,40 +63,59 @@ def test_solve_streams_one_trajectory(tmp_path):
                         "params.yaml", 0.0, 0, out)
     assert rollout.finish == "answer" and rollout.answer.strip() == "Tesk"
     text = out.export_text()  # (exporting clears the record)
-    assert "<answer> Tesk</answer>" in text and "[answer]" in text
+    assert "<answer> Tesk</answer>" in text and "Answer: Tesk  (" in text
     with pytest.raises(SystemExit, match="no such model folder"):
         cli.resolve_model(str(tmp_path / "missing"))
 
 
-def test_promote_moves_the_alias_only_when_the_eval_wins(tmp_path, monkeypatch):
-    import mlflow
+def _model(path, seed):
+    from coa.model import save_pretrained
+    from tests.rollout.scripted import ANSWER_SCRIPT, make_tokenizer, scripted_qwen2
 
-    from stages._stage import md5_path
+    tok = make_tokenizer()  # another seed in the saved config: another content hash, another version
+    save_pretrained(scripted_qwen2(tok, ANSWER_SCRIPT), tok, path, {"seed": seed})
+
+
+def test_promote_registers_once_and_moves_the_alias_only_when_the_eval_wins(tmp_path, monkeypatch):
+    import mlflow
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient()
-    client.create_registered_model("coa-policy")
     model = tmp_path / "rl"
-    model.mkdir()
-
-    def register(content: str) -> str:
-        (model / "w.bin").write_text(content)
-        v = client.create_model_version("coa-policy", source=str(model), tags={"coa.model_md5": md5_path(model)})
-        return str(v.version)
 
     def run(accuracy: float) -> str:
         (tmp_path / "eval.json").write_text(json.dumps({"rl": {"accuracy": accuracy}}))
         return cli.promote(str(tmp_path / "eval.json"), str(model), "coa-policy", "champion", uri)
 
-    first = register("a")
-    assert "promoted coa-policy v1 to @champion" in run(0.2) and first == "1"
-    register("b")
+    _model(model, 0)
+    assert run(0.2) == "promoted coa-policy v1 to @champion: accuracy 0.2000"  # an empty registry: registered
+    client = mlflow.MlflowClient(uri)
+    assert "already holds" in run(0.3)  # the same content: no second version
+    assert len(client.search_model_versions("name='coa-policy'")) == 1
+    _model(model, 1)
     assert run(0.1).startswith("kept @champion on coa-policy v1")
     assert str(client.get_model_version_by_alias("coa-policy", "champion").version) == "1"
-    assert "promoted coa-policy v2 to @champion (was v1)" in run(0.3)
-    assert "already holds" in run(0.3)
-    (model / "w.bin").write_text("never registered")
-    with pytest.raises(SystemExit, match="no version of coa-policy holds"):
-        run(0.9)
+    assert "promoted coa-policy v2 to @champion (was v1)" in run(0.4)
+    v2 = client.get_model_version("coa-policy", "2")
+    assert v2.description.startswith("eval accuracy 0.4000") and "md5" in v2.description
+    (tmp_path / "eval.json").unlink()
+    assert cli.main(["promote", "--metrics", "eval.json", "--model-dir", "rl", "--tracking-uri", uri]) == 1
+
+
+def test_solve_answers_from_the_registry_or_says_what_to_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params = __import__("pathlib").Path(cli.__file__).parents[1] / "params.yaml"
+    argv = ["solve", "Where is Orvane Labs?", "--model", "models:/coa-policy@champion", "--tracking-uri", uri,
+            "--params", str(params), "--index", "none"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (above it: MLflow's own INFO lines)
+    assert err.startswith("coa solve: models:/coa-policy@champion: the registry at sqlite:")
+    assert "has no alias @champion on coa-policy; run `coa promote`" in err
+    _model(tmp_path / "rl", 0)
+    (tmp_path / "eval.json").write_text(json.dumps({"rl": {"accuracy": 0.5}}))
+    cli.promote(str(tmp_path / "eval.json"), str(tmp_path / "rl"), "coa-policy", "champion", uri)
+    assert cli.main(argv) == 0
+    assert "Answer: Tesk" in capsys.readouterr().out
+    assert cli.main([*argv[:4], "--tracking-uri", "http://127.0.0.1:9", *argv[6:]]) == 1
+    assert "cannot reach the MLflow server at http://127.0.0.1:9" in capsys.readouterr().err

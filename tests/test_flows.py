@@ -53,10 +53,23 @@ def test_exp_metrics_reads_dvc_exp_show_json():
     assert rows == [{"experiment": "lr-hi", "sft.final_loss": 0.4, "eval.rl.accuracy": 0.1}]
 
 
+def _task_runs(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        logs = {r.name: [g.message for g in client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(any_=[r.id])))]
+                for r in runs}
+        artifacts = client.read_artifacts()
+    return {r.name: r for r in runs}, logs, artifacts
+
+
 @pytest.mark.slow
 def test_pipeline_flow_runs_a_new_dag_in_prefects_harness(tmp_path, monkeypatch):
-    """A temporary dvc.yaml with stages the flow has never seen: it runs them in order through DVC and
-    publishes their metrics; no flow code changes."""
+    """A temporary dvc.yaml with stages the flow has never seen: it runs them in order through DVC, streams
+    their output into the task logs, links the tasks as the DAG, publishes metrics; a second run shows the
+    stages Skipped and publishes nothing again; no flow code changes."""
     import subprocess
     import sys
 
@@ -69,15 +82,66 @@ def test_pipeline_flow_runs_a_new_dag_in_prefects_harness(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     subprocess.run(["git", "init", "-q"], check=True)
     subprocess.run(["dvc", "init", "-q"], check=True)
-    write = "import json, pathlib, sys; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])"
+    write = "import json, pathlib, sys; print(\"writing\", sys.argv[1]); pathlib.Path(sys.argv[1]).write_text(sys.argv[2])"
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
         "make": {"cmd": f"python -c '{write}' a.txt hello", "outs": ["a.txt"]},
         "after": {"cmd": f"python -c '{write}' m.json '{{\"n\": 2}}' && cp a.txt b.txt", "deps": ["a.txt"],
                   "outs": ["b.txt"], "metrics": [{"m.json": {"cache": False}}]},
     }}))
     with prefect_test_harness():
-        order = pipeline(retries=0)
-    assert order == ["make", "after"]
+        state = pipeline(retries=0, return_state=True)
+        assert state.is_completed() and state.result() == ["make", "after"]
+        runs, logs, artifacts = _task_runs(state.state_details.flow_run_id)
+        assert any("writing a.txt" in line for line in logs["make"])  # the stage's own output, in its task log
+        assert [i.id for i in runs["after"].task_inputs["wait_for"]] == [runs["make"].id]  # the DAG's edge
+        assert {a.key for a in artifacts} == {"after-metrics"}
+        again = pipeline(retries=0, return_state=True)
+        runs, logs, artifacts = _task_runs(again.state_details.flow_run_id)
+        assert {r.state.name for r in runs.values()} == {"Skipped"}
+        assert len(artifacts) == 1  # nothing republished
     assert (tmp_path / "b.txt").read_text() == "hello"
     lock = yaml.safe_load((tmp_path / "dvc.lock").read_text())
     assert set(lock["stages"]) == {"make", "after"}
+
+
+@pytest.mark.slow
+def test_a_failed_stage_fails_the_flow_with_one_line(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import pipeline
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["git", "init", "-q"], check=True)
+    subprocess.run(["dvc", "init", "-q"], check=True)
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "broken": {"cmd": "python -c 'raise SystemExit(\"broken: no input\")'", "outs": ["x.txt"]},
+        "after": {"cmd": "cp x.txt y.txt", "deps": ["x.txt"], "outs": ["y.txt"]}}}))
+    with prefect_test_harness():
+        state = pipeline(retries=0, return_state=True)
+    assert state.is_failed() and "\n" not in state.message
+    assert state.message.startswith("stage broken did not complete") and "(not run: after)" in state.message
+
+
+def test_metrics_markdown_is_one_row_per_model_and_headline_rows_per_file(tmp_path, monkeypatch):
+    import json
+
+    from flows.pipeline import headline_rows, metrics_markdown
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics" / "headline").mkdir(parents=True)
+    (tmp_path / "metrics" / "eval.json").write_text(json.dumps(
+        {"rl": {"accuracy": 0.5, "web.accuracy": 0.25}, "teacher": {"accuracy": 1.0}, "wall_time_s": 3.0}))
+    for model, acc in (("teacher", 1.0), ("rl", 0.5)):
+        (tmp_path / "metrics" / "headline" / f"{model}.json").write_text(json.dumps({"accuracy": acc}))
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"eval": {
+        "cmd": "true", "outs": [{"metrics/eval.json": {"cache": False}}],
+        "metrics": [{"metrics/headline": {"cache": False}}]}}}))
+    text = metrics_markdown("eval", tmp_path / "dvc.yaml")
+    assert "| section | accuracy | web.accuracy |" in text and "| rl | 0.5 | 0.25 |" in text
+    assert "| teacher | 1.0 |  |" in text and "| wall_time_s | 3.0 |" in text
+    assert headline_rows("eval", tmp_path / "dvc.yaml") == [{"model": "rl", "accuracy": 0.5},
+                                                            {"model": "teacher", "accuracy": 1.0}]

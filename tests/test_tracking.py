@@ -24,3 +24,18 @@ def test_local_store_keeps_artifacts_beside_it(tmp_path, monkeypatch):
     assert list((tmp_path / ".mlflow" / "artifacts").rglob("note.txt"))
     assert not Path(tmp_path / "mlruns").exists()
     mlflow.set_tracking_uri(None)  # leave no store behind for later tests
+
+
+def test_experiments_are_ml_and_grouped_metrics_keep_their_slash(tmp_path, monkeypatch):
+    """The MLflow 3 UI opens untagged experiments in GenAI mode; eval's metrics are grouped by model."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with stage_run("unit", {}, {}, experiment="coa-kind", root=tmp_path) as run:
+        run.log_metrics({"rl/web/accuracy": 0.5, "rl/pass@2": 1.0}, grouped=True)
+        run.log_metrics({"source/web/in": 3})
+    exp = mlflow.get_experiment_by_name("coa-kind")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    metrics = mlflow.get_run(run.run_id).data.metrics
+    assert {"rl/web/accuracy", "rl/pass_at_2", "source.web.in"} <= set(metrics)
+    mlflow.set_tracking_uri(None)

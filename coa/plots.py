@@ -1,0 +1,83 @@
+"""Eval figures from metrics/eval.json's sections: DVC plot rows, the headline table, matplotlib figures.
+
+    rows = plot_rows(metrics)             # {"accuracy": [...], "pass_at_k": [...], "cost": [...]}
+    table = headline(metrics)             # {"rl": {"accuracy": .., "pass@4": .., ...}, ...}
+    figs = figures(rows)                  # the same three plots as PNG-ready matplotlib figures (MLflow)
+
+`metrics` is one flat section per model (base, sft, rl, teacher) as the eval stage writes them: overall
+keys (`accuracy`, `pass@1`..`pass@k`, `tokens_per_task`, `cost_ratio_vs_teacher`) and per-domain keys
+(`web.accuracy`, ...). Every row carries its model, so a plot draws one bar group / line / point per model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DOMAINS = ("overall", "web", "math", "code")
+
+
+def plot_rows(metrics: dict[str, dict[str, float]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows for dvc plots: accuracy per model and domain (overall too), pass@k per model at integer k,
+    billed tokens per task against accuracy per model."""
+    accuracy, curves, cost = [], [], []
+    for model, m in metrics.items():
+        for domain in DOMAINS:
+            key = "accuracy" if domain == "overall" else f"{domain}.accuracy"
+            if key in m:
+                accuracy.append({"model": model, "domain": domain, "accuracy": m[key]})
+        curves += sorted(({"model": model, "k": int(key[5:]), "pass_at_k": v} for key, v in m.items()
+                          if key.startswith("pass@")), key=lambda r: r["k"])
+        if "accuracy" in m and "tokens_per_task" in m:
+            cost.append({"model": model, "tokens_per_task": m["tokens_per_task"], "accuracy": m["accuracy"]})
+    return {"accuracy": accuracy, "pass_at_k": curves, "cost": cost}
+
+
+def headline(metrics: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:
+    """Per model the few figures that matter: accuracy, pass@k at the largest k, billed tokens per task,
+    and tokens relative to the teacher (1.0 for the teacher itself)."""
+    out = {}
+    for model, m in metrics.items():
+        ks = sorted(int(key[5:]) for key in m if key.startswith("pass@"))
+        row: dict[str, float | None] = {"accuracy": m.get("accuracy")}
+        if ks:
+            row[f"pass@{ks[-1]}"] = m[f"pass@{ks[-1]}"]
+        row["tokens_per_task"] = m.get("tokens_per_task")
+        row["cost_vs_teacher"] = 1.0 if model == "teacher" else m.get("cost_ratio_vs_teacher")
+        out[model] = row
+    return out
+
+
+def figures(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """matplotlib figures of `plot_rows`' three plots (titles in words, one colour per model)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    figs = {}
+    models = list(dict.fromkeys(r["model"] for r in rows["accuracy"] + rows["pass_at_k"] + rows["cost"]))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    domains = [d for d in DOMAINS if any(r["domain"] == d for r in rows["accuracy"])]
+    width = 0.8 / max(len(domains), 1)
+    for j, domain in enumerate(domains):
+        values = {r["model"]: r["accuracy"] for r in rows["accuracy"] if r["domain"] == domain}
+        ax.bar([i + j * width for i in range(len(models))], [values.get(m, 0.0) for m in models], width, label=domain)
+    ax.set_xticks([i + width * (len(domains) - 1) / 2 for i in range(len(models))], models)
+    ax.set(title="Accuracy by model and domain", ylabel="accuracy (avg@k)", ylim=(0, 1.05))
+    ax.legend(title="domain", fontsize="small")
+    figs["accuracy"] = fig
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for model in models:
+        pts = [r for r in rows["pass_at_k"] if r["model"] == model]
+        ax.plot([r["k"] for r in pts], [r["pass_at_k"] for r in pts], marker="o", label=model)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set(title="pass@k by model", xlabel="k (attempts per task)", ylabel="pass@k", ylim=(-0.02, 1.05))
+    ax.legend(fontsize="small")
+    figs["pass_at_k"] = fig
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r in rows["cost"]:
+        ax.scatter(r["tokens_per_task"], r["accuracy"])
+        ax.annotate(r["model"], (r["tokens_per_task"], r["accuracy"]), textcoords="offset points", xytext=(5, 5))
+    ax.set(title="Cost versus accuracy", xlabel="billed tokens per task", ylabel="accuracy", ylim=(-0.05, 1.1))
+    figs["cost"] = fig
+    return figs

@@ -1,0 +1,158 @@
+"""The MLflow model registry: register a model folder once (by its content hash), describe, resolve.
+
+    from coa.registry import register, resolve
+    version = register(Path("models/rl"), "coa-policy", {"coa.stage": "rl"})   # a no-op when registered
+    folder = resolve("models:/coa-policy@champion")                              # a local HF folder
+
+Registering does not depend on a stage having just run: `register` looks the folder's content hash
+(`coa.io.md5_path`, tag `coa.model_md5`) up in the registry and logs the model only when no version holds
+it, so the rl stage, `coa promote` and the Prefect flow can all call it, in any order, any number of
+times. Models are logged with MLflow's transformers flavor (task text-generation, with its signature), so
+the MLflow UI lists them as models and `mlflow.transformers.load_model("models:/coa-policy@champion")`
+loads a pipeline. Every failure is a `RegistryError` with one line that says what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from coa.io import md5_path
+from coa.tracking import experiment_id, tracking_uri
+
+MD5_TAG = "coa.model_md5"
+TASK = "text-generation"
+log = logging.getLogger(__name__)
+
+
+class RegistryError(RuntimeError):
+    """A registry operation that cannot go on; the message is one line and names the fix."""
+
+
+def _mlflow(uri: str | None) -> tuple[Any, Any, str]:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow
+
+    uri = uri or tracking_uri()
+    check_server(uri)
+    mlflow.set_tracking_uri(uri)
+    return mlflow, mlflow.MlflowClient(), uri
+
+
+def check_server(uri: str) -> None:
+    """Fail fast (3 s, one line) when an http(s) tracking URI does not answer: MLflow itself retries for minutes."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=3)
+    except requests.RequestException:
+        raise RegistryError(f"cannot reach the MLflow server at {uri}: start it (`make mlflow-server`) or unset "
+                            "MLFLOW_TRACKING_URI to use the local store .mlflow/") from None
+
+
+def find(client: Any, name: str, digest: str) -> Any | None:
+    """The newest version of ``name`` tagged with this content hash, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = client.search_model_versions(f"name='{name}' and tag.`{MD5_TAG}`='{digest}'")
+    except MlflowException as err:
+        raise RegistryError(f"the MLflow server has no usable model registry ({err.error_code}): run it with a "
+                            "database backend store (`make mlflow-server`)") from None
+    return max(found, key=lambda v: int(v.version)) if found else None
+
+
+def workspace_description(model_dir: Path, accuracy: float | None = None) -> str:
+    """What a version is: eval accuracy (when known), git commit, dvc.lock hash, content hash."""
+    parts = [f"eval accuracy {accuracy:.4f} (metrics/eval.json)"] if accuracy is not None else []
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    parts.append(f"git commit {commit}")
+    lock = Path("dvc.lock")
+    if lock.exists():
+        parts.append(f"dvc.lock md5 {hashlib.md5(lock.read_bytes()).hexdigest()[:12]}")
+    parts.append(f"{model_dir} md5 {md5_path(model_dir)}")
+    return "; ".join(parts)
+
+
+def _log_transformers_model(mlflow: Any, model_dir: Path) -> Any:
+    """The folder as an MLflow transformers-flavor model in the active run (model info)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # explicit requirements: MLflow's inference imports torchvision, which this environment does not have
+    reqs = [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
+    return mlflow.transformers.log_model({"model": model, "tokenizer": tokenizer}, name="model", task=TASK,
+                                         pip_requirements=reqs)
+
+
+def register(model_dir: str | Path, name: str, tags: dict[str, str] | None = None, description: str | None = None,
+             uri: str | None = None, experiment: str = "coa") -> Any:
+    """The registered version of ``name`` that holds ``model_dir``; logs and registers it when none does."""
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").exists():
+        raise RegistryError(f"{model_dir}: no model folder to register; run `dvc repro` (or `dvc pull`) first")
+    mlflow, client, uri = _mlflow(uri)
+    digest = md5_path(model_dir)
+    existing = find(client, name, digest)
+    if existing is not None:
+        return existing
+    active = mlflow.active_run()
+    run = nullcontext(active) if active else mlflow.start_run(
+        experiment_id=experiment_id(mlflow, experiment, uri), run_name=f"register {name}",
+        tags={"coa.stage": "register"})
+    with run:
+        info = _log_transformers_model(mlflow, model_dir)
+        version = mlflow.register_model(info.model_uri, name, tags={**(tags or {}), MD5_TAG: digest})
+    client.update_model_version(name, version.version, description=description or workspace_description(model_dir))
+    log.info("registered %s version %s (%s)", name, version.version, model_dir)
+    return client.get_model_version(name, version.version)
+
+
+def _hf_folder(local: Path) -> Path:
+    """A Hugging Face folder from a downloaded MLflow model (transformers flavor keeps weights and tokenizer
+    apart), or the folder itself when it already is one (versions registered as plain folders)."""
+    if (local / "config.json").exists() or not (local / "MLmodel").exists():
+        return local
+    merged = Path(tempfile.mkdtemp(prefix="coa-model-"))
+    for part in (local / "model", local / "components" / "tokenizer"):
+        for f in part.glob("*") if part.is_dir() else []:
+            (merged / f.name).symlink_to(f.resolve())
+    if not (merged / "config.json").exists():
+        raise RegistryError(f"{local}: an MLflow model without transformers weights; register it with coa.registry")
+    return merged
+
+
+def resolve(uri: str, tracking: str | None = None) -> str:
+    """A local model folder for ``models:/name@alias`` or ``models:/name/version`` (a path is returned as is)."""
+    if not uri.startswith("models:/"):
+        return uri
+    mlflow, client, tracking = _mlflow(tracking)
+    from mlflow.exceptions import MlflowException
+
+    name, _, alias = uri[len("models:/"):].partition("@")
+    name, _, number = name.partition("/")
+    try:
+        version = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, number)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise RegistryError(f"{uri}: {str(err).splitlines()[0]}") from None
+        what = f"alias @{alias} on {name}" if alias else f"version {number} of {name}"
+        raise RegistryError(f"{uri}: the registry at {tracking} has no {what}; run `coa promote` in a checkout "
+                            "with models/rl and metrics/eval.json (it registers the model and sets the alias)"
+                            ) from None
+    return str(_hf_folder(Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source))))
