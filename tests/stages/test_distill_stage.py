@@ -123,6 +123,17 @@ def test_a_dead_endpoint_fails_the_stage_naming_it(stage_dir):
     assert url in str(info.value.code)
 
 
+def test_a_truncated_input_fails_in_one_line_naming_the_file_and_the_fix(stage_dir):
+    write_params(stage_dir, "http://127.0.0.1:9/v1", max_retries=0)
+    tasks = stage_dir / "data/tasks.parquet"
+    tasks.write_bytes(tasks.read_bytes()[:100])
+    with pytest.raises(SystemExit) as info:
+        run(stage_dir)
+    message = str(info.value.code)
+    assert message.startswith(f"distill: {tasks}: not a readable parquet file") and "\n" not in message
+    assert "dvc checkout" in message
+
+
 def test_outages_within_max_error_share_are_rejected_not_wrong(stage_dir):
     with ChatServer(scripted, fail_first=2, port=free_port()) as server:  # the first task's first calls fail
         write_params(stage_dir, server.base_url, max_retries=0, max_error_share=0.5)
