@@ -37,7 +37,9 @@ decoding, and the row ingests ``[its last token] + observation`` at a fixed step
 forward steps after the one that closed the tag (the engine waits for the tool there if it is still
 running; when every row waits, the step count jumps to the earliest due row). Which rows share a step
 therefore depends on the tokens alone, never on how long a tool took, so the same seed gives the same
-batches, the same float rounding and the same rollouts run after run.
+batches, the same float rounding and the same rollouts run after run. The price: a tool slower than
+the delay stalls the batch while the engine waits for it (a local search returns within two steps; a
+sandboxed program may take several, and a larger delay then trades waiting for rows idling).
 
 Sampling: per-row ``torch.Generator`` seeded from ``(sampling.seed, request.key)``; temperature, top-k
 and top-p; log-probs are ``log_softmax(logits / temperature)`` of the sampled token over the whole
@@ -105,7 +107,7 @@ def sample(logits: torch.Tensor, sampling: Sampling,
 # --------------------------------------------------------------------------- the engine
 
 MIN_SHARED_PREFIX = 16  # shorter common prompt prefixes are ingested by every row (not worth a prefill)
-TOOL_DELAY_STEPS = 8  # steps from a tool call to its observation (a search's latency is a few steps)
+TOOL_DELAY_STEPS = 2  # steps from a tool call to its observation: a local search returns within them
 
 
 @dataclass
