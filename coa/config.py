@@ -330,11 +330,20 @@ class DistillConfig:
     offline: OfflineStyleConfig = _help("backend=offline: how the rule-based agents behave.")
     limits: TeamLimitsConfig = _help("Budgets of one team run.")
     filters: DistillFiltersConfig = _help("The SFT filters; each one's drops are counted in metrics/distill.json.")
+    retry_rounds: int = _help(
+        "Rounds that run again the tasks whose teacher backend could not be reached (after the chat client's own "
+        "retries), waiting 1 s, 2 s, 4 s, ... (at most 60 s) before each.", default=2)
+    max_error_share: float = _help(
+        "Share of tasks whose backend still failed after the retries that may be left out (rejected as "
+        "teacher_error, counted in metrics); above it the stage fails, so the next `dvc repro` redoes them.",
+        default=0.0)
 
     def __post_init__(self) -> None:
         _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "distill.splits", f"must be a non-empty subset of {list(SPLITS)}")
         _require(self.max_tasks >= 0, "distill.max_tasks", "must be >= 0 (0 = all)")
         _require(self.workers >= 1, "distill.workers", "must be >= 1")
+        _require(self.retry_rounds >= 0, "distill.retry_rounds", "must be >= 0")
+        _require(0 <= self.max_error_share < 1, "distill.max_error_share", "must be in [0, 1) (0: any outage fails the stage)")
 
 
 @dataclass(frozen=True)

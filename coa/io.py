@@ -5,7 +5,8 @@
     tasks = read_table("data/tasks.parquet", Task)   # reads, then validates
 
 A schema failure raises `ArtifactError` naming the artifact, the failing checks and a few failing
-rows. Rows a stage does not keep go to a rejects file (`write_rejects`) with the reason, so counts
+rows; so does an artifact that is missing, truncated or not parquet at all (one line: the file and the
+fix). Rows a stage does not keep go to a rejects file (`write_rejects`) with the reason, so counts
 always reconcile.
 """
 
@@ -25,7 +26,10 @@ from schemas import Reject
 
 
 class ArtifactError(ValueError):
-    """An artifact is missing or does not match its schema."""
+    """An artifact is missing, unreadable (truncated, not parquet) or does not match its schema."""
+
+
+_FIX = "rerun the stage that writes it (`dvc repro -f -s STAGE`) or restore it from the DVC cache (`dvc checkout`)"
 
 
 def _is_remote(path: str | Path) -> bool:
@@ -60,14 +64,20 @@ def write_table(df: pl.DataFrame, path: str | Path, schema: Any) -> None:
 
 
 def read_table(path: str | Path, schema: Any) -> pl.DataFrame:
-    """Read a parquet artifact and validate it; a missing file says which stage makes it."""
+    """Read a parquet artifact and validate it; a missing or unreadable file says how to get it back."""
     if not _is_remote(path) and not Path(path).exists():
         raise ArtifactError(f"{path}: no such artifact; run the stage that writes it (`dvc repro`)")
-    if _is_remote(path):
-        with fsspec.open(str(path), "rb") as fh:
-            df = pl.read_parquet(fh)
-    else:
-        df = pl.read_parquet(path)
+    try:
+        if _is_remote(path):
+            with fsspec.open(str(path), "rb") as fh:
+                df = pl.read_parquet(fh)
+        else:
+            df = pl.read_parquet(path)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: no such artifact; run the stage that writes it (`dvc repro`)") from None
+    except (pl.exceptions.PolarsError, OSError, ValueError) as err:  # truncated, not parquet, unreadable
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ArtifactError(f"{path}: not a readable parquet file (truncated or corrupt: {reason}); {_FIX}") from None
     return validate(df, schema, str(path))
 
 

@@ -27,7 +27,7 @@ import yaml
 from rich.logging import RichHandler
 
 from coa.config import ConfigError, Params, load_params, to_dict
-from coa.io import md5_path, write_json
+from coa.io import ArtifactError, md5_path, write_json
 from coa.tracking import stage_run
 
 log = logging.getLogger("coa")
@@ -131,7 +131,10 @@ class Stage:
         return self
 
     def __exit__(self, *exc: Any) -> bool:
-        return bool(self._ctx.__exit__(*exc))
+        suppressed = bool(self._ctx.__exit__(*exc))
+        if isinstance(exc[1], ArtifactError):  # a missing, unreadable or invalid input: its message, no traceback
+            raise SystemExit(f"{self.name}: {exc[1]}") from None
+        return suppressed
 
     @property
     def elapsed(self) -> float:

@@ -9,6 +9,13 @@
 Every finished task is also written to the resume cache (`--cache`, keyed by the task, the seed, the
 teacher's params and source), so an interrupted run (or an HTTP teacher that failed half-way) redoes
 only what did not finish. Counts reconcile: transcripts = trajectories + rejects.
+
+A task whose team could not reach its backend (the chat client's retries spent) is an outage, not a
+wrong answer: it is run again for `distill.retry_rounds` rounds with backoff; if more than
+`distill.max_error_share` of the tasks are still out, the stage exits 1 with a one-line message before
+writing anything, so DVC does not record it as done and the next `dvc repro` redoes just those tasks
+(the others come from the cache). Outages within the share are rejected as `teacher_error` and left out
+of teacher_accuracy.
 """
 
 from __future__ import annotations
@@ -101,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
             team = factory(task["domain"], rng)
             t = run_team(task["question"], task["domain"], team, ToolSession(tools, st.params.common.tools.max_observation_chars), limits)
             correct = check(task["domain"], t.answer, task)
-            if t.error is None or t.answer is not None:  # a backend failure is retried on the next run
+            if not t.outage:  # a backend failure is retried (this run's retry rounds, then the next run)
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps({**t.to_json(), "correct": correct}))
                 tmp.replace(path)
@@ -110,9 +117,29 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         with ThreadPoolExecutor(cfg.workers) as pool:
             results = list(tqdm(pool.map(solve, rows), total=len(rows), desc="distill", unit="task", mininterval=2))
+            for round_ in range(cfg.retry_rounds):
+                out = [i for i, (t, _, _) in enumerate(results) if t.outage]
+                if not out:
+                    break
+                wait_s = min(2.0**round_, 60.0)
+                log.warning("teacher: %d task(s) could not reach the backend (%s); retry round %d/%d in %.0f s",
+                            len(out), results[out[0]][0].error, round_ + 1, cfg.retry_rounds, wait_s)
+                time.sleep(wait_s)
+                for i, result in zip(out, pool.map(solve, [rows[i] for i in out]), strict=True):
+                    results[i] = result
         teacher_s = time.perf_counter() - start
         resumed = sum(r[2] for r in results)
-        log.info("teacher: %d tasks in %.1f s (%d from the resume cache)", len(rows), teacher_s, resumed)
+        outages = [i for i, (t, _, _) in enumerate(results) if t.outage]
+        log.info("teacher: %d tasks in %.1f s (%d from the resume cache, %d outages)", len(rows), teacher_s,
+                 resumed, len(outages))
+        if outages and len(outages) > cfg.max_error_share * len(rows):
+            first = results[outages[0]][0].error
+            raise SystemExit(
+                f"distill: {len(outages)} of {len(rows)} tasks failed: the teacher backend could not be reached "
+                f"({first}); bring {describe_backend(cfg.teacher)} back (or fix distill.teacher), then run "
+                f"`dvc repro distill` again: the {len(rows) - len(outages)} finished tasks come from the "
+                f"resume cache {cache} and only the failed ones are redone (distill.max_error_share "
+                f"{cfg.max_error_share} allows {int(cfg.max_error_share * len(rows))}).")
 
         count = token_counter(AutoTokenizer.from_pretrained(st.args.base))
         filters = Filters(**to_dict(cfg.filters))
@@ -145,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
                    "weight": cfg.filters.self_corrected_weight if s.self_corrected else 1.0,
                    "teacher_tokens": teacher_tokens, "teacher_tool_calls": t.tool_calls}
             dropped = filter_reason(row, s.problems, filters)
+            if t.outage:  # within distill.max_error_share: left out, not counted as a wrong answer
+                dropped = "teacher_error", f"the team could not reach its backend ({t.error})"
             if dropped:
                 rejects.append(({"task_id": task["task_id"], "domain": task["domain"], "filter": dropped[0],
                                  "answer": answer}, f"{dropped[0]}: {dropped[1]}"))
@@ -159,20 +188,33 @@ def main(argv: list[str] | None = None) -> None:
         (export / "sharegpt.jsonl").write_text(jsonl(sharegpt_records(kept)))
         (export / "llamafactory" / "coa_sft.jsonl").write_text(jsonl(llamafactory_records(kept)))
         write_json(export / "llamafactory" / "dataset_info.json", llamafactory_dataset_info("coa_sft.jsonl"))
-        st.finish({**_metrics(transcripts, kept, rejects, teacher_s, resumed), "skipped_too_easy": too_easy})
+        flags = [t.outage for t, _, _ in results]
+        st.finish({**_metrics(transcripts, kept, rejects, teacher_s, resumed, flags), "skipped_too_easy": too_easy,
+                   "max_error_share": cfg.max_error_share})
+
+
+def describe_backend(teacher: Any) -> str:
+    """The teacher's backend in words, for error messages."""
+    if teacher.backend == "offline":
+        return "the offline team"
+    return f"the endpoint {teacher.base_url} (model {teacher.model!r})"
 
 
 def _metrics(transcripts: list[dict], kept: list[dict], rejects: list[tuple[dict, str]], teacher_s: float,
-             resumed: int) -> dict[str, Any]:
+             resumed: int, outage: list[bool]) -> dict[str, Any]:
     m: dict[str, Any] = {"tasks": len(transcripts), "kept": len(kept), "rejected": len(rejects),
                          "teacher_s": round(teacher_s, 2), "resumed": resumed,
                          "tasks_per_s": round(len(transcripts) / max(teacher_s, 1e-9), 2)}
     assert m["tasks"] == m["kept"] + m["rejected"], "counts must reconcile"
     by_filter = Counter(row["filter"] for row, _ in rejects)
-    for name in FILTERS:
+    for name in (*FILTERS, "teacher_error"):
         m[f"rejected_{name}"] = by_filter.get(name, 0)
     n = max(len(transcripts), 1)
-    m["teacher_accuracy"] = round(sum(t["correct"] for t in transcripts) / n, 4)
+    transcripts = [{**t, "outage": o} for t, o in zip(transcripts, outage, strict=True)]
+    answered = [t for t in transcripts if not t["outage"]]  # an outage is no answer, right or wrong
+    m["teacher_outages"] = len(transcripts) - len(answered)
+    m["teacher_outage_share"] = round(m["teacher_outages"] / n, 4)
+    m["teacher_accuracy"] = round(sum(t["correct"] for t in answered) / max(len(answered), 1), 4)
     m["teacher_tool_calls_per_task"] = round(sum(t["tool_calls"] for t in transcripts) / n, 3)
     m["teacher_tokens_per_task"] = round(sum(t["teacher_tokens"] for t in transcripts) / n, 1)
     m["teacher_errors"] = sum(t["error"] is not None for t in transcripts)
@@ -182,7 +224,8 @@ def _metrics(transcripts: list[dict], kept: list[dict], rejects: list[tuple[dict
         if not ts:
             continue
         m[f"{domain}.tasks"], m[f"{domain}.kept"] = len(ts), len(ks)
-        m[f"{domain}.teacher_accuracy"] = round(sum(t["correct"] for t in ts) / len(ts), 4)
+        ok = [t for t in ts if not t["outage"]]
+        m[f"{domain}.teacher_accuracy"] = round(sum(t["correct"] for t in ok) / max(len(ok), 1), 4)
         m[f"{domain}.teacher_tool_calls_per_task"] = round(sum(t["tool_calls"] for t in ts) / len(ts), 3)
         m[f"{domain}.teacher_tokens_per_task"] = round(sum(t["teacher_tokens"] for t in ts) / len(ts), 1)
         if ks:

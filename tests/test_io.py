@@ -40,6 +40,29 @@ def test_reading_validates_too(tmp_path):
         read_table(tmp_path / "missing.parquet", Document)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "header_only", "empty", "not_parquet", "a_folder"])
+def test_unreadable_artifact_is_one_line_naming_the_file_and_the_fix(tmp_path, damage):
+    path = tmp_path / "docs.parquet"
+    write_table(docs(), path, Document)
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "header_only":
+        path.write_bytes(data[:4])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "not_parquet":
+        path.write_text("doc_id,url\n1,u\n")
+    else:
+        path.unlink()
+        path.mkdir()
+    with pytest.raises(ArtifactError) as info:
+        read_table(path, Document)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{path}: ")
+    assert "dvc repro" in message and "dvc checkout" in message
+
+
 def test_rejects_and_json(tmp_path):
     n = write_rejects(tmp_path / "r.parquet", "curate", [({"a": 1}, "because"), ({"b": [2]}, "why not")])
     df = read_table(tmp_path / "r.parquet", Reject)

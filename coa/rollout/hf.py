@@ -33,7 +33,13 @@ queue, at most one snapshot is alive).
 ``Stats`` counts the prefix, the copied positions and the forks.
 
 A row that closes a tool tag is parked while its tool runs in a thread pool; the other rows go on
-decoding, and the row ingests ``[its last token] + observation`` when the tool returns.
+decoding, and the row ingests ``[its last token] + observation`` at a fixed step: ``tool_delay_steps``
+forward steps after the one that closed the tag (the engine waits for the tool there if it is still
+running; when every row waits, the step count jumps to the earliest due row). Which rows share a step
+therefore depends on the tokens alone, never on how long a tool took, so the same seed gives the same
+batches, the same float rounding and the same rollouts run after run. The price: a tool slower than
+the delay stalls the batch while the engine waits for it (a local search returns within two steps; a
+sandboxed program may take several, and a larger delay then trades waiting for rows idling).
 
 Sampling: per-row ``torch.Generator`` seeded from ``(sampling.seed, request.key)``; temperature, top-k
 and top-p; log-probs are ``log_softmax(logits / temperature)`` of the sampled token over the whole
@@ -54,7 +60,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +107,7 @@ def sample(logits: torch.Tensor, sampling: Sampling,
 # --------------------------------------------------------------------------- the engine
 
 MIN_SHARED_PREFIX = 16  # shorter common prompt prefixes are ingested by every row (not worth a prefill)
+TOOL_DELAY_STEPS = 2  # steps from a tool call to its observation: a local search returns within them
 
 
 @dataclass
@@ -126,6 +133,7 @@ class _Row:
     n: int = 0
     ingesting: bool = True  # feed is a prompt or an observation (else: one sampled token)
     tool: Future | None = None
+    tool_due: int = 0  # the step at which the tool's observation is fed (deterministic, see the docstring)
     group: _Group | None = None  # while leading or waiting for a prompt shared with other requests
 
 
@@ -160,15 +168,17 @@ class HFEngine:
         weights: each call runs it in eval mode and restores its mode after); tokenizer: its tokenizer.
     max_batch: most trajectories decoded together; max_chunk_tokens: most tokens one row ingests per step;
     tool_workers: threads running tools; compact_at: the share of the cache's width that compaction must remove to be run.
+    tool_delay_steps: forward steps between a tool call and the step that feeds its observation (the engine
+        waits there for a slower tool); about a tool's latency in steps keeps both the waits and idle rows short.
     share_prefix: prefill the prompts' common prefix once (when at least ``min_shared_prefix`` tokens) and
         identical prompts once (their other requests fork from the first); False computes every prompt.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32, max_chunk_tokens: int = 256,
                  tool_workers: int = 8, compact_at: float = 0.5, share_prefix: bool = True,
-                 min_shared_prefix: int = MIN_SHARED_PREFIX):
-        if max_batch < 1 or max_chunk_tokens < 1 or tool_workers < 1:
-            raise ValueError("max_batch, max_chunk_tokens and tool_workers must be >= 1")
+                 min_shared_prefix: int = MIN_SHARED_PREFIX, tool_delay_steps: int = TOOL_DELAY_STEPS):
+        if max_batch < 1 or max_chunk_tokens < 1 or tool_workers < 1 or tool_delay_steps < 1:
+            raise ValueError("max_batch, max_chunk_tokens, tool_workers and tool_delay_steps must be >= 1")
         if not 0 < compact_at <= 1:
             raise ValueError(f"compact_at must be in (0, 1], got {compact_at}")
         attn = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
@@ -177,7 +187,7 @@ class HFEngine:
                              "attn_implementation='sdpa' (or 'eager')")
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_chunk_tokens = max_batch, max_chunk_tokens
-        self.tool_workers, self.compact_at = tool_workers, compact_at
+        self.tool_workers, self.compact_at, self.tool_delay_steps = tool_workers, compact_at, tool_delay_steps
         self.share_prefix, self.min_shared_prefix = share_prefix, max(1, min_shared_prefix)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
@@ -275,9 +285,10 @@ class HFEngine:
         queue = deque(self._plan_sharing([t for t in trajs if not t.done]))
         cache = RaggedCache(self.device)
         slots: list[_Row | None] = []
+        self._clock = 0  # forward steps so far: when a tool's observation is due
         while True:
             self._admit(queue, slots, cache, sampling, pool)
-            self._collect_tools(slots, cache, block=False)
+            self._collect_tools(slots, cache)
             free = sum(s is None for s in slots)
             # Rows left and none will come: drop them (and the holes) once they are a quarter of the batch
             # (each costs a row of every decode step; a compaction copies the whole cache).
@@ -297,13 +308,16 @@ class HFEngine:
             if ingest:
                 self._step(slots, cache, ingest, sampling, pool)
                 self.stats.ingest_steps += 1
+                self._clock += 1
             elif any(s is not None and s.feed for s in slots):
                 self._step(slots, cache, None, sampling, pool)
                 self.stats.decode_steps += 1
-            else:  # every row waits for a tool (or was just admitted and finished at once)
-                t0 = time.perf_counter()
-                self._collect_tools(slots, cache, block=True)
-                self.stats.tool_wait_s += time.perf_counter() - t0
+                self._clock += 1
+            else:  # every row waits for a tool (or was just admitted and finished at once): skip to the first due
+                due = [s.tool_due for s in slots if s is not None and s.tool is not None]
+                if due:
+                    self._clock = max(self._clock, min(due))
+                    self._collect_tools(slots, cache)
             self.stats.steps += 1
 
     def _admit(self, queue: deque, slots: list[_Row | None], cache: RaggedCache, sampling: Sampling,
@@ -377,15 +391,15 @@ class HFEngine:
                 group.snapshot = None
         self._sample_and_push(slots, cache, rows, torch.stack(logits), sampling, pool)
 
-    def _collect_tools(self, slots: list[_Row | None], cache: RaggedCache, block: bool) -> None:
-        running = [s.tool for s in slots if s is not None and s.tool is not None]
-        if not running:
-            return
-        if block:
-            wait(running, return_when=FIRST_COMPLETED)
+    def _collect_tools(self, slots: list[_Row | None], cache: RaggedCache) -> None:
+        """Rows whose observation is due at this step ingest it (waiting for a tool still running)."""
         for i, row in enumerate(slots):
-            if row is None or row.tool is None or not row.tool.done():
+            if row is None or row.tool is None or row.tool_due > self._clock:
                 continue
+            if not row.tool.done():
+                t0 = time.perf_counter()
+                wait([row.tool])
+                self.stats.tool_wait_s += time.perf_counter() - t0
             observation = row.tool.result()
             row.tool = None
             last = row.traj.response_ids[-1]  # the closing tag: sampled, not yet in the cache
@@ -474,6 +488,7 @@ class HFEngine:
             elif row.traj.tool_call is not None:
                 row.feed, row.ingesting = [], True
                 row.tool = pool.submit(row.traj.run_tool)
+                row.tool_due = self._clock + self.tool_delay_steps
             else:  # finished: the slot is free
                 slots[i] = None
                 cache.clear_row(i)

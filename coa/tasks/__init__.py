@@ -1,7 +1,8 @@
-"""Task sources -> `Task` rows: the built-in generated worlds (and, later, public dataset adapters).
+"""Task sources -> `Task` rows: the built-in generated worlds and the public dataset adapters.
 
-    from coa.tasks import generate_world
+    from coa.tasks import generate_world, load_source, read_source
     tasks, documents = generate_world("world:web", n=3000, seed=7, splits={"sft": .6, "rl": .25, "eval": .15})
+    rows, rejects = read_source("afm_rl", "inputs/data/afm_rl.parquet")   # see coa.tasks.adapters
 
 Every source yields plain dicts with the `schemas.Task` columns; `coa.tasks.curate` normalises,
 validates, dedupes and splits them.
@@ -10,11 +11,12 @@ validates, dedupes and splits them.
 from __future__ import annotations
 
 from coa.config import WORLD_KINDS
+from coa.tasks.adapters import load_source, read_source
 from coa.tasks.code import generate_code
 from coa.tasks.math import generate_math
 from coa.tasks.web import generate_web
 
-__all__ = ["generate_world", "WORLD_KINDS"]
+__all__ = ["generate_world", "load_source", "read_source", "WORLD_KINDS"]
 
 
 def generate_world(kind: str, n: int, seed: int, splits: dict[str, float]) -> tuple[list[dict], list[dict]]:

@@ -1,6 +1,6 @@
 """Public dataset adapters: a dataset file in its official published layout -> `schemas.Task` rows.
 
-    from coa.tasks.adapters import load_source, read_source
+    from coa.tasks import load_source, read_source
     df = load_source("hotpotqa", "inputs/data/hotpot_dev_distractor_v1.json", split="eval")
     rows, rejects = read_source("gsm8k", "inputs/data/gsm8k/test.jsonl")  # what curate uses
 
@@ -11,7 +11,10 @@ Files are read by suffix: `.json` (an array, TriviaQA's `{"Data": [...]}`, or JS
 Rows have exactly the Task keys: `split` "" (the caller assigns it), `source` the kind, `task_id`
 `<kind>-<original id>` or `<kind>-<record index:06d>`, `meta` compact sorted JSON of the useful
 original fields plus `file`. A file that does not fit its layout raises `ValueError`; an unusable
-record goes to the rejects with a reason, so `len(rows) + len(rejects)` == records read.
+record goes to the rejects with a reason, so `len(rows) + len(rejects)` == records read. A field of the
+wrong type (`coa.tasks.fields`: a number or a list where a question belongs) is such a record, never
+coerced to text. RL ground truths (afm_rl, dapo_math) load in every verl form: a string, a list, a JSON
+string, or `{"target": ...}` (see `coa.tasks.fields.ground_truth_aliases`).
 
 Code tests (livecodebench, code-like afm_rl rows) are Python statements the reward checker runs
 after the candidate's code, one per test:
@@ -45,6 +48,7 @@ import polars as pl
 
 from coa.config import ADAPTER_KINDS
 from coa.io import validate
+from coa.tasks import fields
 from schemas.artifacts import DOMAINS, SPLITS, TASK_DTYPES, Task
 
 NO_REFERENCE = "<no reference solution>"
@@ -200,7 +204,9 @@ def _triviaqa(r: dict) -> dict:
     answer = r.get("Answer", r.get("answer"))
     if not isinstance(answer, dict):
         raise _Unusable("Answer is not an object with Value and Aliases (test files without answers cannot be used)")
-    gold = gold_aliases([answer.get("Value", answer.get("value")), answer.get("Aliases", answer.get("aliases"))])
+    value, aliases = answer.get("Value", answer.get("value")), answer.get("Aliases", answer.get("aliases"))
+    gold = gold_aliases([fields.require(value, fields.GOLD, "Answer.Value"),
+                         fields.require(aliases, fields.GOLD, "Answer.Aliases")])
     return {"id": r.get("QuestionId", r.get("question_id")), "question": r.get("Question", r.get("question")),
             "answers": gold, "meta": {"question_source": r.get("QuestionSource", r.get("question_source")),
                                       "answer_type": answer.get("Type", answer.get("type"))}}
@@ -260,7 +266,8 @@ def _dapo_math(r: dict) -> dict:
     question = _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", prompt))
     reward = r["reward_model"] if isinstance(r["reward_model"], dict) else {}
     extra = r.get("extra_info") if isinstance(r.get("extra_info"), dict) else {}
-    return {"id": extra.get("index"), "question": question, "answers": [_text(reward.get("ground_truth"))],
+    return {"id": fields.require(extra.get("index"), fields.ID, "extra_info.index"), "question": question,
+            "answers": fields.ground_truth_aliases(reward.get("ground_truth")),
             "meta": {"data_source": r.get("data_source"), "ability": r.get("ability"),
                      "style": reward.get("style"), "wrapper_stripped": question != prompt}}
 
@@ -313,16 +320,17 @@ def _afm_rl(r: dict) -> dict:
     reward = r["reward_model"] if isinstance(r["reward_model"], dict) else {}
     truth = reward.get("ground_truth") if reward.get("ground_truth") not in (None, "") else extra.get("answer")
     domain = _domain_of(f"{source} {ability}")
-    index = extra.get("index")  # indices restart per data_source in verl files, so the id includes it
+    index = fields.require(extra.get("index"), fields.ID, "extra_info.index")  # restarts per data_source
     out = {"id": f"{source}-{index}" if source and index is not None else index, "domain": domain,
-           "question": _last_user(r["prompt"]) or _text(extra.get("question")),
+           "question": _last_user(r["prompt"])
+           or _text(fields.require(extra.get("question"), fields.TEXT, "extra_info.question")),
            "meta": {"data_source": source, "ability": ability, "original_split": extra.get("split"),
                     "style": reward.get("style")}}
     if domain == "code":
         out.update(answers=[NO_REFERENCE], tests=_code_tests(truth))
         out["meta"]["has_reference"] = False
     else:
-        out["answers"] = gold_aliases(truth)
+        out["answers"] = fields.ground_truth_aliases(truth)
     return out
 
 
@@ -391,7 +399,11 @@ def _read_records(path: Path) -> tuple[list[Any], list[str] | None, dict[str, An
     """(records, the file's declared columns or None, file-level meta such as TriviaQA's split)."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        df = pl.read_parquet(path)
+        try:
+            df = pl.read_parquet(path)
+        except (pl.exceptions.PolarsError, OSError) as exc:
+            raise ValueError(f"{path} is not a readable parquet file ({str(exc).strip().splitlines()[0][:200]}); "
+                             "download it again") from None
         return df.to_dicts(), df.columns, {}
     if suffix in (".csv", ".tsv"):
         with path.open(newline="", encoding="utf-8-sig") as fh:
@@ -431,10 +443,11 @@ def read_source(kind: str, path: str | Path, *, question_field: str = "question"
     if kind == "jsonl":
         layout = _Layout("web", ((question_field,), (answer_field,)),
                          lambda r: _generic(r, question_field, answer_field))
+        types = fields.generic_types(question_field, answer_field)
     elif kind in _FLASHRAG_KINDS and "golden_answers" in found:
-        layout = _FLASHRAG
+        layout, types = _FLASHRAG, fields.LAYOUT_TYPES["flashrag"]
     else:
-        layout = _LAYOUTS[kind]
+        layout, types = _LAYOUTS[kind], fields.LAYOUT_TYPES[kind]
     if layout.lower_keys:
         found = [str(f).lower() for f in found]
     missing = _missing(dict.fromkeys(found), layout.required)
@@ -446,7 +459,7 @@ def read_source(kind: str, path: str | Path, *, question_field: str = "question"
     seen: dict[str, int] = {}
     for index, record in enumerate(records):
         try:
-            row = _convert(kind, layout, index, record, {**file_meta, "file": path.name})
+            row = _convert(kind, layout, types, index, record, {**file_meta, "file": path.name})
             if row["task_id"] in seen:
                 raise _Unusable(f"duplicate id: task_id {row['task_id']!r} is already used by record "
                                 f"{seen[row['task_id']]}")
@@ -458,7 +471,7 @@ def read_source(kind: str, path: str | Path, *, question_field: str = "question"
     return rows, rejects
 
 
-def _convert(kind: str, layout: _Layout, index: int, record: Any, file_meta: dict) -> dict:
+def _convert(kind: str, layout: _Layout, types: dict[str, str], index: int, record: Any, file_meta: dict) -> dict:
     """One record -> one Task row (split ""), or `_Unusable`."""
     if isinstance(record, _BadRecord):
         raise _Unusable(f"{record['where']} is {record['error']}")
@@ -468,8 +481,13 @@ def _convert(kind: str, layout: _Layout, index: int, record: Any, file_meta: dic
     missing = _missing(view, layout.required)
     if missing:
         raise _Unusable(f"lacks field(s) {', '.join(missing)}")
+    problem = fields.field_problem(view, types)
+    if problem:
+        raise _Unusable(problem)
     try:
         parsed = layout.convert(view)
+    except fields.FieldTypeError as exc:  # a nested value of the wrong type
+        raise _Unusable(str(exc)) from exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # malformed values
         raise _Unusable(f"could not be read as {kind} ({type(exc).__name__}: {exc})") from exc
     question = _text(parsed.get("question"))

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from coa.format import TOOL_TAGS, double_check_score, reflection_grades
+from coa.teacher.chat import ChatError
 from coa.teacher.roles import SYSTEM, result_fields
 from coa.teacher.transcript import AGENTS, Call, Message, Transcript, split_parts
 from coa.tools import ToolSession
@@ -128,10 +129,16 @@ class _Run:
 
 
 def run_team(question: str, domain: str, team: Team, session: ToolSession, limits: TeamLimits) -> Transcript:
-    """Run the team on one question; the transcript records every message and call (errors included)."""
+    """Run the team on one question; the transcript records every message and call (errors included).
+
+    A backend that could not be reached (a `ChatError`: retries spent, or a request it refused) sets
+    `outage`: the task has no answer and must be run again, never be scored as a wrong one.
+    """
     run = _Run(question, domain, team, session, limits)
     try:
         return run.run()
     except Exception as exc:  # a backend that keeps failing: keep what happened, say why
         run.t.error = f"{type(exc).__name__}: {exc}"
+        run.t.outage = isinstance(exc, ChatError)
+        run.t.answer = None if run.t.outage else run.t.answer
         return run.t

@@ -50,6 +50,7 @@ class Transcript:
     calls: list[Call] = field(default_factory=list)
     answer: str | None = None
     error: str | None = None
+    outage: bool = False  # the team could not reach its backend (retries spent): a failure, not an answer
 
     @property
     def tool_calls(self) -> int:
@@ -60,6 +61,7 @@ class Transcript:
 
     def to_json(self) -> dict:
         return {"question": self.question, "domain": self.domain, "answer": self.answer, "error": self.error,
+                "outage": self.outage,
                 "messages": [m.__dict__ for m in self.messages],
                 "calls": [{"agent": c.agent, "inputs": list(c.inputs), "output": c.output, "usage": c.usage}
                           for c in self.calls]}
@@ -68,7 +70,7 @@ class Transcript:
     def from_json(cls, d: dict) -> Transcript:
         return cls(d["question"], d["domain"], [Message(**m) for m in d["messages"]],
                    [Call(c["agent"], tuple(c["inputs"]), c["output"], c["usage"]) for c in d["calls"]],
-                   d["answer"], d["error"])
+                   d["answer"], d["error"], d.get("outage", False))
 
     def api_tokens(self) -> int | None:
         """Tokens the backend reported (prompt + completion over all calls), None if it reported none."""

@@ -9,7 +9,11 @@ Failure injection, counted over requests in arrival order (index 0 is the first 
   fail_first=n      the first n requests answer HTTP `fail_status` (with `Retry-After: retry_after` if set);
   hang_first=n      the first n requests sleep `hang_s` before answering (longer than a client timeout);
   malformed_first=n the first n requests answer 200 with a body that is not a chat completion;
+  fail_share=s      besides, a share s of all requests fails like fail_first, spread evenly over arrival order
+                    (request i fails when floor((i + 1) * s) > floor(i * s)): 0.25 fails requests 3, 7, 11, ...;
+  hang_share=s      the same for hangs (a request both hangs and fails when both pick it);
   delay_s           every request sleeps this long before answering (to observe concurrency).
+`port` picks the port (0: a free one), so a test can bring a dead endpoint back at the same address.
 Tokens are counted as whitespace-separated words. The request's `stop` strings cut the text at the
 first match (the stop string is dropped, as vLLM does) and `max_tokens` truncates it ("length").
 """
@@ -68,6 +72,9 @@ class ChatServer:
         malformed_first: int = 0,
         retry_after: str | None = None,
         error_message: str | None = None,
+        fail_share: float = 0.0,
+        hang_share: float = 0.0,
+        port: int = 0,
     ):
         self.responder = responder or echo
         self.fail_first = fail_first
@@ -78,6 +85,10 @@ class ChatServer:
         self.malformed_first = malformed_first
         self.retry_after = retry_after
         self.error_message = error_message
+        self.fail_share = fail_share
+        self.hang_share = hang_share
+        self.hung = 0  # requests that hung
+        self._port = port
         self.requests: list[dict[str, Any]] = []  # JSON bodies, in arrival order
         self.headers: list[dict[str, str]] = []  # their headers
         self.calls = 0  # requests received on the chat-completions route
@@ -95,7 +106,7 @@ class ChatServer:
 
     def start(self) -> ChatServer:
         handler = type("Handler", (_Handler,), {"fake": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self._port), handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, args=(0.02,), name="fake-chat-server", daemon=True
@@ -139,15 +150,17 @@ class ChatServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            if index < self.hang_first:
+            if index < self.hang_first or _picked(index, self.hang_share):
+                with self._lock:
+                    self.hung += 1
                 self._stop.wait(self.hang_s)
             if self.delay_s:
                 self._stop.wait(self.delay_s)
-            if index < self.fail_first:
+            if index < self.fail_first or _picked(index, self.fail_share):
                 with self._lock:
                     self.failed += 1
                 extra = {"Retry-After": self.retry_after} if self.retry_after is not None else {}
-                message = self.error_message or f"injected failure {index + 1}/{self.fail_first}"
+                message = self.error_message or f"injected failure at request {index + 1}"
                 error = {"error": {"message": message, "type": "fake_error", "code": self.fail_status}}
                 return self.fail_status, extra, json.dumps(error).encode()
             if index < self.malformed_first:
@@ -178,6 +191,11 @@ class ChatServer:
         finally:
             with self._lock:
                 self.in_flight -= 1
+
+
+def _picked(index: int, share: float) -> bool:
+    """Whether request `index` is one of an evenly spread `share` of all requests."""
+    return share > 0 and int((index + 1) * share) > int(index * share)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,44 @@ def test_batched_rollouts_equal_batch_size_one_token_for_token(web_model, tok, r
         mask = torch.tensor(r.loss_mask, dtype=torch.bool)
         got = torch.tensor(r.logprobs)[mask]
         assert torch.allclose(got, reference[len(r.prompt_ids) - 1 :][mask], atol=1e-4)
+
+
+def test_rollouts_do_not_depend_on_tool_timing(web_model, tok, requests_of):
+    """An observation joins the batch at a step fixed by the tokens (``tool_delay_steps`` after the call),
+    not when its tool returned: tools that answer at other moments (faster and slower than the delay) give
+    the same forward steps, row for row, and the same tokens and log-probs, bit for bit."""
+    requests = requests_of(6)
+    sampling = Sampling(temperature=1.0, seed=3)
+
+    def run(latency_seed: int):
+        rng = random.Random(latency_seed)
+        latencies = [rng.choice([0.0, 0.001, 0.02, 0.05]) for _ in range(200)]
+        calls = iter(latencies)
+
+        def tools(request):
+            def session(tag, content):
+                time.sleep(next(calls))
+                return f"results for {content.strip()}"
+
+            return session
+
+        fed = []
+
+        def record(module, args, kwargs):
+            fed.append((kwargs["input_ids"].tolist(), kwargs["position_ids"].tolist()))
+
+        hook = web_model.model.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            engine = HFEngine(web_model, tok, max_batch=3, tool_delay_steps=2)
+            rollouts = engine.rollout(requests, sampling, LIMITS, tools)
+        finally:
+            hook.remove()
+        assert sum(r.n_tool_calls for r in rollouts) >= 4 and engine.stats.tool_wait_s > 0
+        return fed, [(r.response_ids, r.logprobs, r.finish) for r in rollouts]
+
+    first, second = run(0), run(1)
+    assert first[0] == second[0]  # the same rows in every forward step, fed the same tokens
+    assert first[1] == second[1]
 
 
 def test_bfloat16_runs(web_model, tok, requests_of):
@@ -123,6 +163,8 @@ def test_bad_arguments_are_refused(web_model, tok, requests_of):
         HFEngine(web_model, tok).rollout(requests_of(1) * 2, GREEDY, LIMITS, Recorder())
     with pytest.raises(ValueError, match="max_batch"):
         HFEngine(web_model, tok, max_batch=0)
+    with pytest.raises(ValueError, match="tool_delay_steps"):
+        HFEngine(web_model, tok, tool_delay_steps=0)
 
 
 def test_make_engine_builds_each_kind_from_plain_arguments(web_model, tok, tmp_path, requests_of):

@@ -242,6 +242,70 @@ def test_afm_rl_domains_answers_and_code_tests(tmp_path):
     validate(load_source("afm_rl", path), Task, "afm_rl")
 
 
+SEINE = ["Seine", "the Seine"]
+
+
+@pytest.mark.parametrize(("form", "truth", "answers"), [
+    ("plain string (verl examples)", "Seine", ["Seine"]),
+    ("list of strings", SEINE, SEINE),
+    ("JSON string of a list", json.dumps(SEINE), SEINE),
+    ("JSON string with target (AFM RL)", json.dumps({"target": SEINE, "question_type": "bridge"}), SEINE),
+    ("struct with a target list (Search-R1)", {"target": SEINE}, SEINE),
+    ("struct with a target string", {"target": "Seine"}, ["Seine"]),
+], ids=lambda v: v if isinstance(v, str) and " " in v else "")
+def test_rl_ground_truth_forms_in_the_reference_layout(tmp_path, form, truth, answers):
+    """verl / AFM / Search-R1 parquet: data_source, prompt (chat messages), ability, reward_model {ground_truth,
+    style}, extra_info {split, index}; Search-R1 also keeps its FlashRAG columns (id, question, golden_answers)."""
+    path = tmp_path / "train.parquet"
+    pl.DataFrame({
+        "id": ["train_0"], "question": ["Which river flows through Paris?"], "golden_answers": [SEINE],
+        "data_source": ["nq"], "ability": ["fact-reasoning"],
+        "prompt": [[{"role": "user", "content": "Which river flows through Paris?"}]],
+        "reward_model": [{"style": "rule", "ground_truth": truth}],
+        "extra_info": [{"split": "train", "index": 0}]}).write_parquet(path)
+    (row,), rejects = read_source("afm_rl", path)
+    assert row["answers"] == answers and row["question"] == "Which river flows through Paris?" and not rejects
+    assert row["task_id"] == "afm_rl-nq-0" and row["domain"] == "web"
+
+
+def test_rl_ground_truth_of_the_wrong_type_is_a_reject(tmp_path):
+    path = write_jsonl(tmp_path / "rl.jsonl", [
+        {"prompt": [{"role": "user", "content": "Q1?"}], "reward_model": {"ground_truth": {"answer": "x"}}},
+        {"prompt": [{"role": "user", "content": "Q2?"}], "reward_model": {"ground_truth": True}},
+        {"prompt": [{"role": "user", "content": 7}], "reward_model": {"ground_truth": "x"}},
+        {"prompt": [{"role": "user", "content": "Q4?"}], "reward_model": {"ground_truth": "x"},
+         "extra_info": {"index": [1]}}])
+    rows, rejects = read_source("afm_rl", path)
+    assert not rows and [r.split(": ", 1)[1] for _, r in rejects] == [
+        "field 'reward_model.ground_truth' is an object without 'target' (fields: answer)",
+        "field 'reward_model.ground_truth' is a boolean, not gold",
+        "field 'prompt' is a list holding something else, not chat",
+        "field 'extra_info.index' is a list, not id"]
+
+
+def test_hotpotqa_question_of_the_wrong_type_is_rejected_not_coerced(tmp_path):
+    base = {"_id": "a", "answer": "yes"}
+    path = write_jsonl(tmp_path / "hotpot.json", [{**base, "question": "Is it?"}] + [
+        {**base, "_id": str(i), "question": q} for i, q in enumerate([12345, ["Who", "is"], {"q": "x"}, True])])
+    rows, rejects = read_source("hotpotqa", path)
+    assert [r["question"] for r in rows] == ["Is it?"] and len(rejects) == 4
+    assert [r.split(": ", 1)[1] for _, r in rejects] == [
+        f"field 'question' is {what}, not text" for what in ("an integer", "a list", "an object", "a boolean")]
+
+
+def test_a_corrupt_parquet_dataset_names_the_file(tmp_path):
+    path = tmp_path / "afm.parquet"
+    path.write_bytes(b"PAR1 not really")
+    with pytest.raises(ValueError, match=r"afm\.parquet is not a readable parquet file"):
+        read_source("afm_rl", path)
+
+
+def test_load_and_read_source_are_exported_from_coa_tasks():
+    import coa.tasks
+
+    assert coa.tasks.load_source is load_source and coa.tasks.read_source is read_source
+
+
 def test_livecodebench_tests_are_runnable_statements():
     rows = by_id(read_source("livecodebench", FIXTURES / "livecodebench.jsonl")[0])
     stdin, functional = rows["livecodebench-abc999_a"], rows["livecodebench-1"]
