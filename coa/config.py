@@ -86,12 +86,6 @@ class AgentLimitsConfig:
             _require(getattr(self, name) >= 1, f"common.agent.{name}", "must be >= 1")
         _require(self.max_tool_calls >= 0, "common.agent.max_tool_calls", "must be >= 0")
 
-    def limits(self) -> Any:
-        from coa.rollout.types import Limits
-
-        return Limits(max_turns=self.max_turns, max_tool_calls=self.max_tool_calls,
-                      max_turn_tokens=self.max_turn_tokens, max_total_tokens=self.max_total_tokens)
-
 
 @dataclass(frozen=True)
 class JudgeConfig:

@@ -11,6 +11,7 @@ always reconcile.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -88,3 +89,23 @@ def write_json(path: str | Path, data: Any) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text)
+
+
+def _md5_file(path: Path) -> str:
+    h = hashlib.md5()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def md5_path(path: Path) -> str:
+    """md5 of a file; for a folder, md5 over its sorted (relative path, md5) list plus '.dir'."""
+    if path.is_file():
+        return _md5_file(path)
+    entries = sorted(
+        (p.relative_to(path).as_posix(), _md5_file(p))
+        for p in path.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+    return hashlib.md5(repr(entries).encode()).hexdigest() + ".dir"

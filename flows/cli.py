@@ -72,6 +72,7 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
     from coa.rollout.hf import sample
     from coa.rollout.loop import StopSet, Trajectory, decode, eos_ids, vocab_texts
     from coa.rollout.types import Request, Sampling
+    from coa.runtime import agent_limits
     from coa.tools import ToolSession, build_tools
 
     params = load_params(params_path)
@@ -81,7 +82,7 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
     index_dir = index if Path(index).is_dir() else None  # without the index: the code tool alone
     session = ToolSession(build_tools(params.common.tools, index_dir=index_dir), params.common.tools.max_observation_chars)
     request = Request("solve", render_prompt(tok, question, domain), domain)
-    traj = Trajectory(request, tok, stops, params.common.agent.limits(), session)
+    traj = Trajectory(request, tok, stops, agent_limits(params.common.agent), session)
     sampling = Sampling(temperature=temperature, seed=seed)
     gen = [torch.Generator().manual_seed(seed)]
     feed, past, shown = list(traj.prompt_ids), None, ""
@@ -162,8 +163,8 @@ def promote(metrics_path: str, model_dir: str, name: str, alias: str, tracking_u
     holder's; returns what happened (one line)."""
     import mlflow
 
+    from coa.io import md5_path
     from coa.tracking import tracking_uri as default_uri
-    from stages._stage import md5_path
 
     metrics = json.loads(Path(metrics_path).read_text())
     if "rl" not in metrics:

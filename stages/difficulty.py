@@ -24,8 +24,9 @@ from coa.config import derive_seed
 from coa.difficulty import covered, sample_closed_book, task_stats
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
+from coa.runtime import engine_from
 from schemas import TASK_STATS_DTYPES, Task, TaskStats
-from stages._stage import Stage, engine_from
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
 

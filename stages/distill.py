@@ -43,7 +43,7 @@ from coa.distill import (
     sharegpt_records,
 )
 from coa.format import extract_answer
-from coa.io import read_table, write_json, write_rejects, write_table
+from coa.io import md5_path, read_table, write_json, write_rejects, write_table
 from coa.metrics import token_counter
 from coa.prompts import system_prompt
 from coa.rewards import check, f1
@@ -51,7 +51,7 @@ from coa.teacher import TeamLimits, Transcript, run_team, team_factory
 from coa.tools import ToolSession, build_tools
 from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, TaskStats, Trajectory
 from schemas import Transcript as TranscriptSchema
-from stages._stage import Stage, md5_path
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
 

@@ -38,12 +38,13 @@ from coa.io import read_table, write_json, write_table
 from coa.metrics import token_counter
 from coa.rewards import check
 from coa.rollout.types import Sampling
+from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
 from coa.teacher import team_factory
 from coa.teacher.orchestrator import TeamLimits, run_team
 from coa.tools import ToolSession, build_tools
 from schemas import EVAL_DTYPES, EvalRow, Task
-from stages._stage import Stage, engine_from, judge_from, tools_factory
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
 POLICIES = ("base", "sft", "rl")
@@ -76,7 +77,7 @@ def _policy_rows(st: Stage, tok: Any, name: str, engine: Any, tools: Any, judge:
         s = cfg.sampling[domain]
         sampling = Sampling(temperature=s.temperature, top_p=s.top_p,
                             seed=derive_seed(st.params.common.seed, "eval", name, domain))
-        result = evaluate(engine, part, cfg.k, sampling, st.params.common.agent.limits(), tools,
+        result = evaluate(engine, part, cfg.k, sampling, agent_limits(st.params.common.agent), tools,
                           tokenizer=tok, judge=judge)
         rows += result.rows
     return rows
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         rows: list[dict[str, Any]] = []
         timings: dict[str, float] = {}
         models = [(name, getattr(st.args, name)) for name in POLICIES] + ([("teacher", None)] if cfg.teacher else [])
-        sessions, judge = tools_factory(st.params, st.args.index), judge_from(st.params.common.judge)  # once
+        sessions, judge = tools_factory(st.params.common.tools, st.args.index), judge_from(st.params.common.judge)  # once
         for name, path in models:
             start = time.perf_counter()
             engine = engine_from(cfg.engine, path) if path else None  # one engine per model, every group

@@ -29,13 +29,15 @@ import polars as pl
 
 from coa.config import derive_seed, to_dict
 from coa.dapo import heldout_kl, train_dapo
-from coa.io import read_table, write_json
+from coa.io import md5_path, read_table, write_json
 from coa.model import RESOLVED_CONFIG, load_pretrained, save_pretrained
 from coa.prompts import render_prompt
 from coa.rewards import RewardSpec, reward
 from coa.rollout.types import Request, Sampling
+from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
+from coa.tracking import register_model
 from schemas import Task, TaskStats
-from stages._stage import Stage, engine_from, judge_from, md5_path, register_model, tools_factory
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
 PLOT_KEYS = ("reward", "accuracy", "groups_kept", "entropy", "clip_fraction", "response_tokens", "tool_calls")
@@ -90,8 +92,8 @@ def main(argv: list[str] | None = None) -> None:
         def log_step(step: int, metrics: dict[str, float]) -> None:
             st.run.log_metrics({"train": metrics}, step=step)
 
-        tools = tools_factory(st.params, st.args.index)
-        result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent.limits(), tools_factory=tools,
+        tools = tools_factory(st.params.common.tools, st.args.index)
+        result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent_limits(agent), tools_factory=tools,
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
                             seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step, ref_model=ref)
 
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"])
                         for t in heldout]
             rollouts = engine.rollout(requests, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed),
-                                      agent.limits(), tools)
+                                      agent_limits(agent), tools)
             sft_model = load_pretrained(st.args.policy)[0]
             kl = heldout_kl(result.model, sft_model, rollouts, cfg.temperature, tok.pad_token_id)
 

@@ -36,10 +36,11 @@ from typing import Any
 from coa.config import derive_seed, to_dict
 from coa.io import read_table, write_json
 from coa.model import RESOLVED_CONFIG, load_pretrained, save_pretrained
+from coa.tracking import register_model
 from coa.train import TrainResult, encode_trajectories, train_sft
 from coa.zero import zero3_loading
 from schemas import Trajectory
-from stages._stage import Stage, register_model
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
 PLOT_KEYS = ("loss", "lr", "grad_norm", "epoch")

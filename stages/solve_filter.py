@@ -27,8 +27,9 @@ from coa.config import derive_seed
 from coa.evaluate import evaluate
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
+from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
 from schemas import TASK_STATS_DTYPES, Task, TaskStats, Trajectory
-from stages._stage import Stage, engine_from, judge_from, tools_factory
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
 
@@ -70,8 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
                             seed=derive_seed(st.params.common.seed, "solve_filter"))
         start = time.perf_counter()
-        result = evaluate(engine, todo, cfg.k, sampling, st.params.common.agent.limits(),
-                          tools_factory(st.params, st.args.index), judge=judge_from(st.params.common.judge))
+        result = evaluate(engine, todo, cfg.k, sampling, agent_limits(st.params.common.agent),
+                          tools_factory(st.params.common.tools, st.args.index), judge=judge_from(st.params.common.judge))
         sample_s = time.perf_counter() - start
 
         solved = Counter()

@@ -71,7 +71,7 @@ def test_solve_streams_one_trajectory(tmp_path):
 def test_promote_moves_the_alias_only_when_the_eval_wins(tmp_path, monkeypatch):
     import mlflow
 
-    from stages._stage import md5_path
+    from coa.io import md5_path
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
