@@ -7,7 +7,7 @@
 Every key of `params.yaml` is declared here with help text (TRL-style `metadata={"help": ...}`);
 `params.yaml` is the single source of the values, so fields have no defaults unless they are
 optional. An unknown key, a missing key or a bad value raises `ConfigError` naming the key
-(`curate.splits.eval`) and saying what is allowed.
+(`curate.splits.eval`) and saying what is allowed: a validator names its field, the loader adds the path.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def _help(text: str, **kw: Any) -> Any:
 
 
 def _require(ok: bool, key: str, message: str) -> None:
+    """Raise ConfigError("key: message") unless ok. In a ``__post_init__`` the key is the field's own name
+    (``max_batch``, ``splits.eval``); ``build`` puts the section's path in front (``rl.engine.max_batch``)."""
     if not ok:
         raise ConfigError(f"{key}: {message}")
 
@@ -70,8 +72,8 @@ class ToolsConfig:
 
     def __post_init__(self) -> None:
         for name in ("search_top_k", "snippet_chars", "page_chars", "max_observation_chars"):
-            _require(getattr(self, name) >= 1, f"common.tools.{name}", "must be >= 1")
-        _require(0 < self.code_wall_time_s <= 600, "common.tools.code_wall_time_s", "must be in (0, 600]")
+            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+        _require(0 < self.code_wall_time_s <= 600, "code_wall_time_s", "must be in (0, 600]")
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,8 @@ class AgentLimitsConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_total_tokens"):
-            _require(getattr(self, name) >= 1, f"common.agent.{name}", "must be >= 1")
-        _require(self.max_tool_calls >= 0, "common.agent.max_tool_calls", "must be >= 0")
+            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+        _require(self.max_tool_calls >= 0, "max_tool_calls", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,10 @@ class JudgeConfig:
     max_concurrency: int = _help("Requests in flight.")
 
     def __post_init__(self) -> None:
-        _require(self.timeout_s > 0, "common.judge.timeout_s", "must be > 0")
-        _require(self.max_retries >= 0, "common.judge.max_retries", "must be >= 0")
-        _require(self.max_attempts >= 1, "common.judge.max_attempts", "must be >= 1")
-        _require(self.max_concurrency >= 1, "common.judge.max_concurrency", "must be >= 1")
+        _require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        _require(self.max_retries >= 0, "max_retries", "must be >= 0")
+        _require(self.max_attempts >= 1, "max_attempts", "must be >= 1")
+        _require(self.max_concurrency >= 1, "max_concurrency", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,8 @@ class CommonConfig:
     judge: JudgeConfig = _help("The LLM judge of web answers (rl rewards, solve_filter, eval).")
 
     def __post_init__(self) -> None:
-        _require(self.seed >= 0, "common.seed", f"must be >= 0, got {self.seed}")
-        _require(bool(self.experiment.strip()), "common.experiment", "must be a non-empty name")
+        _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        _require(bool(self.experiment.strip()), "experiment", "must be a non-empty name")
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,9 @@ class CurateConfig:
         "source (a benchmark) are removed; 13 is the usual setting, 0 turns it off.")
 
     def __post_init__(self) -> None:
-        _require(len(self.sources) > 0, "curate.sources", "list at least one source, e.g. {kind: world:web, n: 100}")
+        _require(len(self.sources) > 0, "sources", "list at least one source, e.g. {kind: world:web, n: 100}")
         for i, src in enumerate(self.sources):
-            key = f"curate.sources[{i}]"
+            key = f"sources[{i}]"
             if src.kind in WORLD_KINDS:
                 _require(src.n is not None and src.n > 0, f"{key}.n", f"{src.kind} needs n: a positive task count")
                 _require(src.path is None, f"{key}.path", f"{src.kind} is generated; remove path")
@@ -159,14 +161,14 @@ class CurateConfig:
                 close = difflib.get_close_matches(src.kind, kinds, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 raise ConfigError(f"{key}.kind: unknown source kind {src.kind!r}{hint}; allowed: {', '.join(kinds)}")
-        _require(set(self.splits) == set(SPLITS), "curate.splits", f"keys must be exactly {list(SPLITS)}, got {sorted(self.splits)}")
+        _require(set(self.splits) == set(SPLITS), "splits", f"keys must be exactly {list(SPLITS)}, got {sorted(self.splits)}")
         for name, frac in self.splits.items():
-            _require(0.0 <= frac <= 1.0, f"curate.splits.{name}", f"must be within [0, 1], got {frac}")
+            _require(0.0 <= frac <= 1.0, f"splits.{name}", f"must be within [0, 1], got {frac}")
         total = sum(self.splits.values())
-        _require(abs(total - 1.0) < 1e-6, "curate.splits", f"fractions must sum to 1, got {total:g}")
-        _require(self.min_code_tests >= 1, "curate.min_code_tests", "must be >= 1")
-        _require(self.max_question_chars >= 16, "curate.max_question_chars", "must be >= 16")
-        _require(self.decontaminate_ngram >= 0, "curate.decontaminate_ngram", "must be >= 0 (0 turns it off)")
+        _require(abs(total - 1.0) < 1e-6, "splits", f"fractions must sum to 1, got {total:g}")
+        _require(self.min_code_tests >= 1, "min_code_tests", "must be >= 1")
+        _require(self.max_question_chars >= 16, "max_question_chars", "must be >= 16")
+        _require(self.decontaminate_ngram >= 0, "decontaminate_ngram", "must be >= 0 (0 turns it off)")
 
 
 @dataclass(frozen=True)
@@ -175,8 +177,8 @@ class TokenizerConfig:
     min_frequency: int = _help("A merge must occur at least this often in the training text.")
 
     def __post_init__(self) -> None:
-        _require(self.vocab_size >= 512, "base.tokenizer.vocab_size", "must be >= 512 (256 bytes + merges + tags)")
-        _require(self.min_frequency >= 1, "base.tokenizer.min_frequency", "must be >= 1")
+        _require(self.vocab_size >= 512, "vocab_size", "must be >= 512 (256 bytes + merges + tags)")
+        _require(self.min_frequency >= 1, "min_frequency", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -190,15 +192,14 @@ class TinyModelConfig:
     rope_theta: float = _help("RoPE base frequency.")
 
     def __post_init__(self) -> None:
-        k = "base.tiny"
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "max_position_embeddings"):
-            _require(getattr(self, name) >= 1, f"{k}.{name}", "must be >= 1")
-        _require(self.hidden_size % self.num_attention_heads == 0, f"{k}.num_attention_heads",
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(self.hidden_size % self.num_attention_heads == 0, "num_attention_heads",
                  f"must divide hidden_size ({self.hidden_size})")
-        _require(self.num_attention_heads % self.num_key_value_heads == 0, f"{k}.num_key_value_heads",
+        _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                  f"must divide num_attention_heads ({self.num_attention_heads})")
-        _require(self.rope_theta > 0, f"{k}.rope_theta", "must be > 0")
+        _require(self.rope_theta > 0, "rope_theta", "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ class BaseConfig:
 
     def __post_init__(self) -> None:
         if self.kind == "hf":
-            _require(bool(self.hf_path), "base.hf_path", "kind=hf needs hf_path: a model folder under base.model_dir")
+            _require(bool(self.hf_path), "hf_path", "kind=hf needs hf_path: a model folder under base.model_dir")
 
 
 @dataclass(frozen=True)
@@ -228,8 +229,8 @@ class IndexConfig:
     b: float = _help("BM25 length normalisation, in [0, 1].")
 
     def __post_init__(self) -> None:
-        _require(self.k1 > 0, "index.k1", "must be > 0")
-        _require(0 <= self.b <= 1, "index.b", "must be within [0, 1]")
+        _require(self.k1 > 0, "k1", "must be > 0")
+        _require(0 <= self.b <= 1, "b", "must be within [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -247,10 +248,10 @@ class TeacherConfig:
     max_concurrency: int = _help("backend=openai: requests in flight at once.")
 
     def __post_init__(self) -> None:
-        _require(self.max_tokens >= 1, "distill.teacher.max_tokens", "must be >= 1")
-        _require(self.timeout_s > 0, "distill.teacher.timeout_s", "must be > 0")
-        _require(self.max_retries >= 0, "distill.teacher.max_retries", "must be >= 0")
-        _require(self.max_concurrency >= 1, "distill.teacher.max_concurrency", "must be >= 1")
+        _require(self.max_tokens >= 1, "max_tokens", "must be >= 1")
+        _require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        _require(self.max_retries >= 0, "max_retries", "must be >= 0")
+        _require(self.max_concurrency >= 1, "max_concurrency", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,7 @@ class OfflineStyleConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _require(0 <= getattr(self, f.name) <= 1, f"distill.offline.{f.name}", "must be a probability in [0, 1]")
+            _require(0 <= getattr(self, f.name) <= 1, f"{f.name}", "must be a probability in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -275,8 +276,8 @@ class TeamLimitsConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_tool_calls", "max_worker_turns"):
-            _require(getattr(self, name) >= 1, f"distill.limits.{name}", "must be >= 1")
-        _require(self.max_replans >= 0, "distill.limits.max_replans", "must be >= 0")
+            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+        _require(self.max_replans >= 0, "max_replans", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -289,9 +290,9 @@ class DistillFiltersConfig:
         "Sample weight of trajectories where the team doubted itself and re-planned (upsampling); others 1.")
 
     def __post_init__(self) -> None:
-        _require(set(self.min_tool_calls) == {"web", "math", "code"}, "distill.filters.min_tool_calls",
+        _require(set(self.min_tool_calls) == {"web", "math", "code"}, "min_tool_calls",
                  "needs exactly the keys web, math and code")
-        _require(self.self_corrected_weight >= 1, "distill.filters.self_corrected_weight", "must be >= 1")
+        _require(self.self_corrected_weight >= 1, "self_corrected_weight", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -305,9 +306,9 @@ class DistillConfig:
     filters: DistillFiltersConfig = _help("The SFT filters; each one's drops are counted in metrics/distill.json.")
 
     def __post_init__(self) -> None:
-        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "distill.splits", f"must be a non-empty subset of {list(SPLITS)}")
-        _require(self.max_tasks >= 0, "distill.max_tasks", "must be >= 0 (0 = all)")
-        _require(self.workers >= 1, "distill.workers", "must be >= 1")
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits", f"must be a non-empty subset of {list(SPLITS)}")
+        _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
+        _require(self.workers >= 1, "workers", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,7 @@ class EngineConfig:
     api_key_env: str = _help("openai: the environment variable holding the API key (unset = no key).")
 
     def __post_init__(self) -> None:
-        _require(self.max_batch >= 1, "<stage>.engine.max_batch", "must be >= 1")
+        _require(self.max_batch >= 1, "max_batch", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -341,15 +342,15 @@ class DifficultyConfig:
     max_pass_rate: float = _help("Keep a task when r_q <= this (paper: 0.3).")
 
     def __post_init__(self) -> None:
-        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "difficulty.domains",
+        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "domains",
                  "must be a non-empty subset of [web, math, code]")
-        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "difficulty.splits",
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits",
                  f"must be a non-empty subset of {list(SPLITS)}")
-        _require(self.n_samples >= 1, "difficulty.n_samples", "must be >= 1")
-        _require(self.temperature >= 0, "difficulty.temperature", "must be >= 0 (0 = greedy)")
-        _require(0 < self.top_p <= 1, "difficulty.top_p", "must be within (0, 1]")
-        _require(self.max_new_tokens >= 1, "difficulty.max_new_tokens", "must be >= 1")
-        _require(0 <= self.max_pass_rate <= 1, "difficulty.max_pass_rate", "must be within [0, 1]")
+        _require(self.n_samples >= 1, "n_samples", "must be >= 1")
+        _require(self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)")
+        _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
+        _require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        _require(0 <= self.max_pass_rate <= 1, "max_pass_rate", "must be within [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,7 @@ class DeepSpeedConfig:
     offload_optimizer: bool = _help("Keep optimizer states in CPU memory (ZeRO-Offload).")
 
     def __post_init__(self) -> None:
-        _require(self.zero_stage in (1, 2, 3), "sft.deepspeed.zero_stage", "must be 1, 2 or 3")
+        _require(self.zero_stage in (1, 2, 3), "zero_stage", "must be 1, 2 or 3")
 
 
 @dataclass(frozen=True)
@@ -388,15 +389,15 @@ class SftConfig:
     def __post_init__(self) -> None:
         for name in ("max_len", "row_tokens", "rows_per_step", "gradient_accumulation", "checkpoint_every",
                      "keep_checkpoints"):
-            _require(getattr(self, name) >= 1, f"sft.{name}", "must be >= 1")
-        _require(self.row_tokens >= self.max_len, "sft.row_tokens", f"must be >= max_len ({self.max_len})")
-        _require(self.epochs > 0, "sft.epochs", "must be > 0")
-        _require(self.lr > 0, "sft.lr", "must be > 0")
-        _require(0 <= self.min_lr_ratio <= 1, "sft.min_lr_ratio", "must be within [0, 1]")
-        _require(0 <= self.warmup_ratio < 1, "sft.warmup_ratio", "must be within [0, 1)")
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "sft.betas",
+            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+        _require(self.row_tokens >= self.max_len, "row_tokens", f"must be >= max_len ({self.max_len})")
+        _require(self.epochs > 0, "epochs", "must be > 0")
+        _require(self.lr > 0, "lr", "must be > 0")
+        _require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be within [0, 1]")
+        _require(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be within [0, 1)")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
                  "must be two numbers in [0, 1)")
-        _require(self.grad_clip >= 0, "sft.grad_clip", "must be >= 0 (0 = off)")
+        _require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
 
 
 @dataclass(frozen=True)
@@ -412,14 +413,14 @@ class SolveFilterConfig:
     engine: EngineConfig = _help("How the SFT policy is run.")
 
     def __post_init__(self) -> None:
-        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "solve_filter.splits",
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits",
                  f"must be a non-empty subset of {list(SPLITS)}")
-        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "solve_filter.domains",
+        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "domains",
                  "must be a non-empty subset of [web, math, code]")
-        _require(self.max_tasks >= 0, "solve_filter.max_tasks", "must be >= 0 (0 = all)")
-        _require(self.k >= 2, "solve_filter.k", "must be >= 2 (k/k and 0/k are told apart)")
-        _require(self.temperature > 0, "solve_filter.temperature", "must be > 0 (k greedy samples are one)")
-        _require(0 < self.top_p <= 1, "solve_filter.top_p", "must be within (0, 1]")
+        _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
+        _require(self.k >= 2, "k", "must be >= 2 (k/k and 0/k are told apart)")
+        _require(self.temperature > 0, "temperature", "must be > 0 (k greedy samples are one)")
+        _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -455,20 +456,20 @@ class RlConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "max_gen_batches", "mini_batches", "row_tokens",
                      "checkpoint_every"):
-            _require(getattr(self, name) >= 1, f"rl.{name}", "must be >= 1")
-        _require(self.rollouts_per_prompt >= 2, "rl.rollouts_per_prompt", "must be >= 2 (advantages are per group)")
-        _require(self.lr > 0, "rl.lr", "must be > 0")
-        _require(self.warmup_steps >= 0, "rl.warmup_steps", "must be >= 0")
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "rl.betas",
+            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+        _require(self.rollouts_per_prompt >= 2, "rollouts_per_prompt", "must be >= 2 (advantages are per group)")
+        _require(self.lr > 0, "lr", "must be > 0")
+        _require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
                  "must be two numbers in [0, 1)")
-        _require(self.grad_clip >= 0, "rl.grad_clip", "must be >= 0 (0 = off)")
-        _require(0 < self.clip_low < 1, "rl.clip_low", "must be within (0, 1)")
-        _require(self.clip_high > 0, "rl.clip_high", "must be > 0")
-        _require(self.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
-        _require(self.temperature > 0, "rl.temperature", "must be > 0 (a group needs different samples)")
-        _require(0 < self.top_p <= 1, "rl.top_p", "must be within (0, 1]")
-        _require(self.overlong_buffer >= 0, "rl.overlong_buffer", "must be >= 0 (0 = off)")
-        _require(self.heldout_tasks >= 0, "rl.heldout_tasks", "must be >= 0")
+        _require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
+        _require(0 < self.clip_low < 1, "clip_low", "must be within (0, 1)")
+        _require(self.clip_high > 0, "clip_high", "must be > 0")
+        _require(self.kl_coef >= 0, "kl_coef", "must be >= 0")
+        _require(self.temperature > 0, "temperature", "must be > 0 (a group needs different samples)")
+        _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
+        _require(self.overlong_buffer >= 0, "overlong_buffer", "must be >= 0 (0 = off)")
+        _require(self.heldout_tasks >= 0, "heldout_tasks", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -477,8 +478,8 @@ class DomainSamplingConfig:
     top_p: float = _help("Nucleus sampling.")
 
     def __post_init__(self) -> None:
-        _require(self.temperature >= 0, "eval.sampling.<domain>.temperature", "must be >= 0 (0 = greedy)")
-        _require(0 < self.top_p <= 1, "eval.sampling.<domain>.top_p", "must be within (0, 1]")
+        _require(self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)")
+        _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -494,13 +495,13 @@ class EvalConfig:
     engine: EngineConfig = _help("How the policies are run.")
 
     def __post_init__(self) -> None:
-        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "eval.splits",
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits",
                  f"must be a non-empty subset of {list(SPLITS)}")
-        _require(self.max_tasks >= 0, "eval.max_tasks", "must be >= 0 (0 = all)")
-        _require(self.k >= 1, "eval.k", "must be >= 1")
-        _require(set(self.sampling) == {"web", "math", "code"}, "eval.sampling",
+        _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
+        _require(self.k >= 1, "k", "must be >= 1")
+        _require(set(self.sampling) == {"web", "math", "code"}, "sampling",
                  "must have exactly the keys web, math and code")
-        _require(self.n_boot >= 100, "eval.n_boot", "must be >= 100")
+        _require(self.n_boot >= 100, "n_boot", "must be >= 100")
 
 
 @dataclass(frozen=True)
@@ -581,7 +582,10 @@ def build(cls: type, data: Any, key: str) -> Any:
             _require(has_default, f"{prefix}{name}", f"missing; add it ({f.metadata.get('help', '')})")
             continue
         kwargs[name] = _coerce(hints[name], data[name], f"{prefix}{name}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:  # a validator names its own field; where the section sits is known here
+        raise ConfigError(f"{prefix}{err}") from None
 
 
 def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
