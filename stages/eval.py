@@ -22,27 +22,22 @@ domain, pass@k curves, cost versus accuracy. Promotion is not here (`coa promote
 from __future__ import annotations
 
 import logging
-import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 from transformers import AutoTokenizer
 
-from coa.config import derive_seed, to_dict
-from coa.distill import linearise
-from coa.evaluate import evaluate, format_ok, summarize
+from coa.config import derive_seed
+from coa.evaluate import evaluate
 from coa.io import read_table, write_json, write_table
 from coa.metrics import token_counter
-from coa.rewards import check
+from coa.report import eval_metrics, eval_plots
 from coa.rollout.types import Sampling
 from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
-from coa.teacher import team_factory
-from coa.teacher.orchestrator import TeamLimits, run_team
-from coa.tools import ToolSession, build_tools
+from coa.teach import make_teacher, teacher_rows
 from schemas import EVAL_DTYPES, EvalRow, Task
 from stages._stage import Stage
 
@@ -83,53 +78,6 @@ def _policy_rows(st: Stage, tok: Any, name: str, engine: Any, tools: Any, judge:
     return rows
 
 
-def _teacher_rows(st: Stage, tok: Any, tools: dict[str, Any], judge: Any,
-                  tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The teacher team on every task k times (fresh seeds; the same agents and limits as distill)."""
-    cfg, dcfg = st.params.eval, st.params.distill
-    factory = team_factory(dcfg.teacher, dcfg.offline)
-    limits = TeamLimits(**to_dict(dcfg.limits))
-    count = token_counter(tok)
-
-    def attempt(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
-        task, i = job
-        rng = random.Random(derive_seed(st.params.common.seed, "eval", "teacher", task["task_id"], str(i)))
-        t = run_team(task["question"], task["domain"], factory(task["domain"], rng),
-                     ToolSession(tools, st.params.common.tools.max_observation_chars), limits)
-        try:
-            text = linearise(t)
-        except ValueError:
-            text = ""
-        return {"task_id": task["task_id"], "sample": i, "domain": task["domain"],
-                "correct": check(task["domain"], t.answer, task, judge), "answer": t.answer,
-                "parse_ok": bool(text) and format_ok(text, task["domain"]),
-                "finish": "error" if t.error else "answer", "billed_tokens": t.billed_tokens(count),
-                "generated_tokens": sum(count(c.output) for c in t.calls), "n_tool_calls": t.tool_calls,
-                "n_turns": len(t.calls), "text": text}
-
-    with ThreadPoolExecutor(dcfg.workers) as pool:
-        return list(pool.map(attempt, [(task, i) for task in tasks for i in range(cfg.k)]))
-
-
-def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, float]:
-    """One model's flat metrics: the eval split overall and per domain, then each benchmark group."""
-    out: dict[str, float] = {}
-    groups = [("", [r for r in rows if r["group"] == "eval"])]
-    groups += [(f"{d}.", [r for r in rows if r["domain"] == d and r["group"] == "eval"]) for d in ("web", "math", "code")]
-    groups += [(f"{g}.", [r for r in rows if r["group"] == g]) for g in sorted({r["group"] for r in rows} - {"eval"})]
-    for prefix, part in groups:
-        if not part:
-            continue
-        s = summarize(part, k, n_boot, seed)  # its means are per attempt (one rollout of a task)
-        out.update({f"{prefix}accuracy": s["accuracy"], f"{prefix}accuracy_ci_low": s["accuracy_ci95"][0],
-                    f"{prefix}accuracy_ci_high": s["accuracy_ci95"][1], f"{prefix}best_of_{k}": s[f"best_of_{k}"],
-                    f"{prefix}format_ok": s["format_ok"], f"{prefix}tasks": s["n_tasks"],
-                    f"{prefix}tokens_per_task": s["billed_tokens"], f"{prefix}generated_tokens_per_task": s["policy_tokens"],
-                    f"{prefix}tool_calls_per_task": s["tool_calls"], f"{prefix}turns_per_task": s["turns"]})
-        out.update({f"{prefix}{key}": v for key, v in s.items() if key.startswith("pass@")})
-    return {k: round(float(v), 4) for k, v in out.items()}
-
-
 def main(argv: list[str] | None = None) -> None:
     inputs = {"tasks": "curated tasks (parquet)", "base": "the starting policy", "sft": "the SFT policy",
               "rl": "the RL policy", "index": "search index folder"}
@@ -147,10 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         for name, path in models:
             start = time.perf_counter()
             engine = engine_from(cfg.engine, path) if path else None  # one engine per model, every group
-            teacher_tools = None if path else build_tools(st.params.common.tools, index_dir=st.args.index)
+            teacher = None if path else make_teacher(st.params.distill, st.params.common.tools, st.args.index)
             for group, part in sets.items():
                 got = (_policy_rows(st, tok, name, engine, sessions, judge, part) if path
-                       else _teacher_rows(st, tok, teacher_tools, judge, part))
+                       else teacher_rows(teacher, part, cfg.k, seed, token_counter(tok), judge, st.params.distill.workers))
                 rows += [{**r, "model": name, "group": group} for r in got]
             timings[name] = round(time.perf_counter() - start, 2)
             log.info("eval: %s in %.1f s", name, timings[name])
@@ -158,35 +106,13 @@ def main(argv: list[str] | None = None) -> None:
         renamed = {"tool_calls": "n_tool_calls", "turns": "n_turns"}  # the table's names for evaluate's keys
         table = pl.DataFrame([{k: r[renamed.get(k, k)] for k in EVAL_DTYPES} for r in rows], schema=EVAL_DTYPES)
         write_table(table.sort("model", "group", "task_id", "sample"), st.args.rows, EvalRow)
-        metrics: dict[str, Any] = {name: _section([r for r in rows if r["model"] == name], cfg.k, cfg.n_boot, seed)
-                                   for name, _ in models}
-        teacher_tokens = metrics.get("teacher", {}).get("tokens_per_task")
-        for name, _ in models:
-            metrics[name]["eval_s"] = timings[name]
-            if teacher_tokens and name != "teacher" and "tokens_per_task" in metrics[name]:
-                metrics[name]["cost_ratio_vs_teacher"] = round(metrics[name]["tokens_per_task"] / teacher_tokens, 4)
-        _plots(Path(st.args.plots), metrics, cfg.k)
+        metrics = eval_metrics(rows, [name for name, _ in models], cfg.k, cfg.n_boot, seed, timings)
+        for plot, plot_rows in eval_plots(metrics, cfg.k).items():
+            write_json(Path(st.args.plots) / f"{plot}.json", plot_rows)
         log.info("eval: %s", "; ".join(f"{m} accuracy {s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, "
                                        f"{s['accuracy_ci_high']:.3f}], {s['tokens_per_task']:.0f} tokens/task"
                                        for m, s in metrics.items() if "accuracy" in s))
         st.finish(metrics)
-
-
-def _plots(folder: Path, metrics: dict[str, dict[str, float]], k: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    accuracy, curves, cost = [], [], []
-    for model, m in metrics.items():
-        for domain in ("all", "web", "math", "code"):
-            key = "accuracy" if domain == "all" else f"{domain}.accuracy"
-            if key in m:
-                accuracy.append({"model": model, "domain": domain, "accuracy": m[key]})
-        curves += [{"model": model, "k": int(key[5:]), "pass_at_k": v} for key, v in m.items()
-                   if key.startswith("pass@")]
-        if "accuracy" in m:
-            cost.append({"model": model, "tokens_per_task": m["tokens_per_task"], "accuracy": m["accuracy"]})
-    write_json(folder / "accuracy.json", accuracy)
-    write_json(folder / "pass_at_k.json", curves)
-    write_json(folder / "cost.json", cost)
 
 
 if __name__ == "__main__":
