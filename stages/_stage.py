@@ -23,7 +23,7 @@ from rich.logging import RichHandler
 
 from coa.config import ConfigError, Params, load_params, to_dict
 from coa.io import write_json
-from coa.tracking import lineage_tags, stage_run
+from coa.tracking import lineage_tags, register_model, stage_run
 
 log = logging.getLogger("coa")
 
@@ -77,3 +77,9 @@ class Stage:
         write_json(path, metrics)
         self.run.log_metrics(metrics)
         log.info("%s: done in %.1f s", self.name, self.elapsed)
+
+    def register(self, model_dir: str | Path, name: str, tags: dict[str, str] | None = None) -> None:
+        """Log the model folder to this run, register it as ``name`` (coa.tracking.register_model) and tag
+        the run with the version."""
+        version = register_model(Path(model_dir), name, {"coa.stage": self.name, **(tags or {})})
+        self.run.set_tags({"coa.registered_model": name, "coa.registered_version": version or "none"})
