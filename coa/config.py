@@ -43,7 +43,7 @@ class ToolsConfig:
 
     def __post_init__(self) -> None:
         for name in ("search_top_k", "snippet_chars", "page_chars", "max_observation_chars"):
-            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(0 < self.code_wall_time_s <= 600, "code_wall_time_s", "must be in (0, 600]")
 
 
@@ -56,7 +56,7 @@ class AgentLimitsConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_total_tokens"):
-            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(self.max_tool_calls >= 0, "max_tool_calls", "must be >= 0")
 
 
@@ -247,7 +247,7 @@ class TeamLimitsConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_tool_calls", "max_worker_turns"):
-            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(self.max_replans >= 0, "max_replans", "must be >= 0")
 
 
@@ -360,7 +360,7 @@ class SftConfig:
     def __post_init__(self) -> None:
         for name in ("max_len", "row_tokens", "rows_per_step", "gradient_accumulation", "checkpoint_every",
                      "keep_checkpoints"):
-            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(self.row_tokens >= self.max_len, "row_tokens", f"must be >= max_len ({self.max_len})")
         _require(self.epochs > 0, "epochs", "must be > 0")
         _require(self.lr > 0, "lr", "must be > 0")
@@ -427,7 +427,7 @@ class RlConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "max_gen_batches", "mini_batches", "row_tokens",
                      "checkpoint_every"):
-            _require(getattr(self, name) >= 1, f"{name}", "must be >= 1")
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(self.rollouts_per_prompt >= 2, "rollouts_per_prompt", "must be >= 2 (advantages are per group)")
         _require(self.lr > 0, "lr", "must be > 0")
         _require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")

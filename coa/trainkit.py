@@ -18,10 +18,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -178,3 +181,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def json_number(x: float | None) -> float | None:
     """A metric for JSON: rounded to 6 decimals; None for None, NaN and infinities."""
     return round(float(x), 6) if x is not None and math.isfinite(x) else None
+
+
+def save_trained(model: torch.nn.Module, tokenizer: Any, out: str | Path, resolved: dict[str, Any], parent: str | Path,
+                 parent_key: str) -> Path:
+    """Write ``out`` afresh (coa.model.save_pretrained) with the resolved config beside the weights: ``resolved``
+    (common and the stage's section) and, under ``parent_key``, the starting model's resolved config."""
+    from coa.model import RESOLVED_CONFIG, save_pretrained
+
+    out = Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    parent_cfg = Path(parent) / RESOLVED_CONFIG
+    resolved = {**resolved, parent_key: json.loads(parent_cfg.read_text()) if parent_cfg.exists() else None}
+    save_pretrained(model, tokenizer, out, resolved)
+    return out

@@ -19,21 +19,20 @@ domain, and KL(RL || SFT) per token is measured on those rollouts. The model is 
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
-from pathlib import Path
 
 import polars as pl
 
 from coa.config import derive_seed, to_dict
 from coa.dapo import heldout_kl, train_dapo
 from coa.io import md5_path, read_table, write_json
-from coa.model import RESOLVED_CONFIG, load_pretrained, save_pretrained
+from coa.model import load_pretrained
 from coa.prompts import render_prompt
 from coa.rewards import RewardSpec, reward
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
+from coa.trainkit import save_trained
 from schemas import Task, TaskStats
 from stages._stage import Stage
 
@@ -83,12 +82,8 @@ def main(argv: list[str] | None = None) -> None:
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
                             seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step, ref_model=ref)
 
-        out = Path(st.args.out)
-        shutil.rmtree(out, ignore_errors=True)
-        sft_cfg = Path(st.args.policy) / RESOLVED_CONFIG
-        resolved = {"common": to_dict(st.params.common), "rl": to_dict(cfg),
-                    "sft_model": json.loads(sft_cfg.read_text()) if sft_cfg.exists() else None}
-        save_pretrained(result.model, tok, out, resolved)
+        out = save_trained(result.model, tok, st.args.out, {"common": to_dict(st.params.common), "rl": to_dict(cfg)},
+                           st.args.policy, "sft_model")
         write_json(st.args.plots, result.plot_rows())
 
         # KL(RL || SFT) on held-out rollouts of the RL policy (eval-split tasks, never trained on)

@@ -21,19 +21,18 @@ Every rank trains its share of each step; rank 0 alone writes the outputs and lo
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 from coa.config import derive_seed, to_dict
 from coa.io import read_table, write_json
-from coa.model import RESOLVED_CONFIG, load_pretrained, save_pretrained
+from coa.model import load_pretrained
 from coa.train import encode_trajectories, train_sft
+from coa.trainkit import save_trained
 from coa.zero import zero3_loading
 from schemas import Trajectory
 from stages._stage import Stage
@@ -76,12 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         if not main_rank:
             return
 
-        out = Path(st.args.out)
-        shutil.rmtree(out, ignore_errors=True)
-        base_cfg = Path(st.args.base) / RESOLVED_CONFIG
-        resolved = {"common": to_dict(st.params.common), "sft": to_dict(cfg),
-                    "base_model": json.loads(base_cfg.read_text()) if base_cfg.exists() else None}
-        save_pretrained(result.model, tok, out, resolved)
+        out = save_trained(result.model, tok, st.args.out, {"common": to_dict(st.params.common), "sft": to_dict(cfg)},
+                           st.args.base, "base_model")
         write_json(st.args.plots, result.plot_rows())
         metrics = result.metrics(examples, truncated, [r["domain"] for r in records])
         log.info("sft: %d steps, %.0f tokens/s, loss %.3f -> %.3f", result.steps, result.tokens_per_s,
