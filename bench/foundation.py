@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from stages._stage import md5_path  # noqa: E402  (the hash the stages tag MLflow runs with)
+from coa.io import md5_path  # noqa: E402  (the hash the stages tag MLflow runs with)
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 60.0

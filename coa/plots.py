@@ -11,6 +11,8 @@ keys (`accuracy`, `pass@1`..`pass@k`, `tokens_per_task`, `cost_ratio_vs_teacher`
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 DOMAINS = ("overall", "web", "math", "code")
@@ -81,3 +83,24 @@ def figures(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     ax.set(title="Cost versus accuracy", xlabel="billed tokens per task", ylabel="accuracy", ylim=(-0.05, 1.1))
     figs["cost"] = fig
     return figs
+
+
+def publish(run: Any, metrics: dict[str, dict[str, float]], plots_dir: str | Path, headline_dir: str | Path) -> None:
+    """Plot rows (dvc plots) and the headline files (dvc metrics show) from eval's metrics, and both as
+    artifacts of the MLflow ``run`` (coa.tracking's run: log_table, log_figure, log_artifact)."""
+    from coa.io import write_json
+
+    rows, table = plot_rows(metrics), headline(metrics)
+    folder, heads = Path(plots_dir), Path(headline_dir)
+    shutil.rmtree(heads, ignore_errors=True)
+    for name, part in rows.items():
+        write_json(folder / f"{name}.json", part)
+    for model, row in table.items():
+        write_json(heads / f"{model}.json", row)
+    keys = list(dict.fromkeys(k for r in table.values() for k in r))
+    run.log_table({"model": list(table), **{k: [r.get(k) for r in table.values()] for k in keys}},
+                  "eval/headline.json")
+    for name, fig in figures(rows).items():
+        run.log_figure(fig, f"eval/{name}.png")
+    for path in sorted(folder.glob("*.json")):
+        run.log_artifact(path, "eval/plot_rows")

@@ -62,6 +62,14 @@ def copy_examples(tokenizer: Any, texts: Sequence[str], n_examples: int, seed: i
     return out
 
 
+def pretrain_texts(tasks: Any) -> list[str]:
+    """The copy pretraining's text from a task table (polars, schemas.Task): the questions of the training
+    splits only, in task_id order, so no eval cluster's names or facts are trained on."""
+    import polars as pl
+
+    return tasks.filter(pl.col("split") != "eval").sort("task_id")["question"].to_list()
+
+
 def loop_config(cfg: PretrainConfig) -> SftConfig:
     """The SFT loop's settings for copy pretraining: one pass, packed rows, warm-up then cosine."""
     return SftConfig(max_len=cfg.row_tokens, pack=True, row_tokens=cfg.row_tokens, rows_per_step=1,

@@ -4,6 +4,12 @@
     with stage_run("curate", params={"curate": {...}}, tags={"coa.git_commit": "..."}) as run:
         run.log_metrics({"tasks": 1200})
 
+Lineage tags of a stage's run (``lineage_tags``): git commit (and whether the tree was dirty), the
+hash of every dependency (from dvc.lock where an upstream stage recorded it, else hashed the way DVC
+hashes a file), and a pipeline-run id shared by all stages of one run: `COA_PIPELINE_RUN_ID` when set
+(the Makefile and the Prefect flow set it), else derived from the `dvc repro` process that started us.
+``register_model`` logs a model folder to the active run and registers it.
+
 The tracking store is `MLFLOW_TRACKING_URI` when set (a team server), else a local SQLite store in
 the ignored folder `.mlflow/` (artifacts beside it). The stage's wall time is logged as the metric
 `wall_time_s` when the block ends, also when it fails (the run is then marked FAILED).
@@ -14,14 +20,20 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from coa.config import flatten
+from coa.io import md5_path
 
 LOCAL_DIR = Path(".mlflow")
 log = logging.getLogger(__name__)
@@ -126,3 +138,86 @@ def stage_run(
             wall = time.perf_counter() - start
             mlflow.log_metric("wall_time_s", wall)
             log.info("%s: wall time %.1f s (MLflow run %s)", stage, wall, active.info.run_id)
+
+
+# ----------------------------------------------------------------------------- lineage and registry
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def _interpolate(text: str, params: dict[str, Any]) -> str:
+    def lookup(m: re.Match[str]) -> str:
+        node: Any = params
+        for part in m.group(1).split("."):
+            node = node[part]
+        return str(node)
+
+    return re.sub(r"\$\{([^}]+)\}", lookup, text)
+
+
+def dep_hashes(stage: str, raw_params: dict[str, Any], root: Path = Path(".")) -> dict[str, str]:
+    """Hash of each dependency of `stage` in dvc.yaml: dvc.lock's when recorded as an upstream out."""
+    dvc_yaml = root / "dvc.yaml"
+    if not dvc_yaml.exists():
+        return {}
+    spec = yaml.safe_load(dvc_yaml.read_text())["stages"].get(stage, {})
+    locked: dict[str, str] = {}
+    lock = root / "dvc.lock"
+    if lock.exists():
+        for entry in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
+            for out in entry.get("outs", []):
+                locked[out["path"]] = out.get("md5", "")
+    hashes = {}
+    for dep in spec.get("deps", []):
+        path = _interpolate(dep, raw_params)
+        if path in locked:
+            hashes[path] = locked[path]
+        elif (root / path).exists():
+            hashes[path] = md5_path(root / path)
+    return hashes
+
+
+def lineage_tags(stage: str, raw_params: dict[str, Any], root: Path = Path(".")) -> dict[str, str]:
+    """The lineage tags of a run of ``stage`` (see the module docstring)."""
+    commit = _git("rev-parse", "HEAD")
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    tags = {"coa.git_commit": commit or "unknown", "coa.git_dirty": str(dirty).lower(),
+            "coa.pipeline_run_id": pipeline_run_id()}
+    tags.update({f"coa.dep.{p}": h for p, h in dep_hashes(stage, raw_params, root).items()})
+    return tags
+
+
+def pipeline_run_id() -> str:
+    """One id for every stage of one pipeline run (see module docstring)."""
+    if os.environ.get("COA_PIPELINE_RUN_ID"):
+        return os.environ["COA_PIPELINE_RUN_ID"]
+    pid = os.getppid()
+    for _ in range(8):  # walk up to the `dvc repro` process that runs the stages
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            break
+        if any(part.endswith(b"dvc") for part in cmdline[:2]) and b"repro" in cmdline:
+            boot_ticks = stat[19]  # process start time: pid + start time is unique on this host
+            return f"dvc-{os.uname().nodename}-{pid}-{boot_ticks}"
+        pid = int(stat[1])
+        if pid <= 1:
+            break
+    return f"solo-{uuid.uuid4().hex[:12]}"
+
+
+def register_model(model_dir: Path, name: str, tags: dict[str, str]) -> str | None:
+    """Register the model folder as ``name`` (coa.registry.register: by content hash, once); the version."""
+    from coa.registry import RegistryError, register
+
+    try:
+        return str(register(model_dir, name, tags).version)
+    except RegistryError as err:  # a tracking server without a model registry: the run still has its metrics
+        log.warning("%s", err)
+        return None

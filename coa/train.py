@@ -44,14 +44,13 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,13 +59,24 @@ from tqdm import tqdm
 
 from coa.config import SftConfig, derive_seed, to_dict
 from coa.device import cpu_capability, default_device, resolve_dtype
-from coa.sft import IGNORE_INDEX, Batch, Example, collate_packed, collate_padded, encode_example, pack
+from coa.sft import Batch, Example, collate_packed, collate_padded, encode_example, pack
+from coa.trainkit import (
+    Attention,
+    attention_impl,
+    autocast,
+    build_optimizer,
+    collate_rows,
+    json_number,
+    rng_state,
+    seeded_stream,
+    set_rng_state,
+    target_logits,
+    varlen_inputs,
+)
 from coa.zero import deepspeed_full_model, deepspeed_init
 
 log = logging.getLogger(__name__)
 
-VARLEN = "coa_varlen"
-Attention = Literal["varlen", "mask"]
 LogFn = Callable[[int, dict[str, float]], None]
 
 
@@ -99,13 +109,6 @@ def make_rows(examples: Sequence[Example], cfg: SftConfig) -> list[list[int]]:
     return [[i] for i in range(len(examples))]
 
 
-def collate_rows(examples: Sequence[Example], rows: Sequence[Sequence[int]], width: int,
-                 pad_id: int) -> Batch:
-    """coa.sft.collate_packed without the [B, 1, T, T] mask (attention_mask is an empty tensor), for the
-    varlen attention, which takes sample boundaries from segment_ids."""
-    return collate_packed(examples, rows, width, pad_id, mask=False)
-
-
 def collate(examples: Sequence[Example], rows: Sequence[Sequence[int]], cfg: SftConfig, pad_id: int,
             attention: Attention) -> Batch:
     """One micro-batch, as wide as its longest row (at most cfg.row_tokens)."""
@@ -127,20 +130,10 @@ def target_weight(ex: Example) -> float:
     return ex.weight * sum(ex.loss_mask[1:])
 
 
-def epoch_order(n_rows: int, seed: int, epoch: int) -> list[int]:
-    g = torch.Generator().manual_seed(derive_seed(seed, "sft", "epoch", str(epoch)))
-    return torch.randperm(n_rows, generator=g).tolist()
-
-
 def step_rows(n_rows: int, seed: int, step: int, per_step: int) -> list[int]:
     """Row indices of optimizer step ``step`` in the chained per-epoch permutations."""
-    out, pos = [], step * per_step
-    while len(out) < per_step:
-        epoch, offset = divmod(pos, n_rows)
-        take = epoch_order(n_rows, seed, epoch)[offset : offset + per_step - len(out)]
-        out.extend(take)
-        pos += len(take)
-    return out
+    return seeded_stream(n_rows, step * per_step, per_step,
+                         lambda epoch: derive_seed(seed, "sft", "epoch", str(epoch)))
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -161,80 +154,7 @@ def lr_factor(step: int, total: int, warmup_ratio: float, min_lr_ratio: float) -
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, cfg: SftConfig, cpu_adam: bool = False) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not on biases and norm weights)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    matrix = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]  # ZeRO-3 shards are flat
-    in_matrix = {id(p) for p in matrix}
-    rest = [p for p in params if id(p) not in in_matrix]
-    groups = [{"params": matrix, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    groups = [g for g in groups if g["params"]]
-    if cpu_adam:
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        return DeepSpeedCPUAdam(groups, lr=cfg.lr, betas=tuple(cfg.betas), adamw_mode=True)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
-
-
 # ----------------------------------------------------------------------------- attention and loss
-
-
-def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     coa_segments: list[tuple[list[int], list[bool]]] | None = None,
-                     **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Causal attention within each sample of each row; a transformers attention function.
-
-    query: [B, H, T, D]; key, value: [B, Hkv, T, D]; coa_segments: per row, (run lengths summing to T,
-    whether each run is a sample (True) or padding). Returns ([B, T, H, D], None). Padding outputs are 0
-    (never targets, never attended to). Rows are split (not sliced) so the backward is one cat per row.
-    """
-    if coa_segments is None:  # plain causal attention over the row would mix its samples
-        raise RuntimeError(f"{type(module).__name__} did not pass coa_segments to its attention function; "
-                           "train this model with attention='mask'")
-    gqa = key.shape[1] != query.shape[1]
-    p = dropout if module.training else 0.0
-    rows = []
-    for q, k, v, (lengths, real) in zip(query.split(1), key.split(1), value.split(1), coa_segments,
-                                        strict=True):
-        parts = []
-        for qs, ks, vs, is_real in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), real,
-                                       strict=True):
-            if is_real:
-                parts.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=p, is_causal=True,
-                                                            scale=scaling, enable_gqa=gqa))
-            else:
-                parts.append(qs.new_zeros(qs.shape))
-        rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, 2))
-    out = rows[0] if len(rows) == 1 else torch.cat(rows, 0)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def segments(batch: Batch) -> list[tuple[list[int], list[bool]]]:
-    """Per row: lengths of the runs of equal segment id, and whether each run is a sample (not padding)."""
-    out = []
-    for row in batch.segment_ids:
-        values, counts = torch.unique_consecutive(row, return_counts=True)
-        out.append((counts.tolist(), (values >= 0).tolist()))
-    return out
-
-
-@contextmanager
-def attention_impl(model: torch.nn.Module, attention: Attention):
-    """Run the model with the varlen attention for the duration of the block (the config is restored)."""
-    if attention != "varlen":
-        yield
-        return
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(VARLEN, varlen_attention)
-    config = model.config
-    before = config._attn_implementation
-    config._attn_implementation = VARLEN
-    try:
-        yield
-    finally:
-        config._attn_implementation = before
 
 
 def batch_loss(model: Any, batch: Batch, attention: Attention,
@@ -242,25 +162,14 @@ def batch_loss(model: Any, batch: Batch, attention: Attention,
     """(sum over target tokens of weight * cross entropy, number of target tokens) of one micro-batch.
 
     Divided by the summed weights this is coa.sft.token_loss; logits exist only at positions followed by
-    a target: [N, V], N = target tokens.
+    a target: [N, V], N = target tokens (coa.trainkit.target_logits).
     """
-    target = batch.labels[:, 1:] != IGNORE_INDEX  # [B, T-1]: token t+1 is a target
-    keep = torch.zeros_like(batch.labels, dtype=torch.bool)
-    keep[:, :-1] = target
-    if attention == "varlen":
-        inputs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids,
-                  "coa_segments": segments(batch)}
-    else:
-        inputs = batch.model_inputs(mask_dtype)
-    logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits  # [N, V]
+    inputs = varlen_inputs(batch) if attention == "varlen" else batch.model_inputs(mask_dtype)
+    logits, target = target_logits(model, batch, inputs)  # [N, V]
     labels = batch.labels[:, 1:][target]
     w = batch.weights[:, 1:][target]
     ce = F.cross_entropy(logits.float(), labels, reduction="none")
     return (w * ce).sum(), int(labels.numel())
-
-
-def _autocast(dev: torch.device, dtype: torch.dtype | None) -> Any:
-    return torch.autocast(dev.type, dtype=dtype) if dtype is not None else nullcontext()
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -283,21 +192,6 @@ def fingerprint(model: torch.nn.Module, examples: Sequence[Example], cfg: SftCon
             h.update(f"{name}{tuple(p.shape)}{float(flat.float().sum()):.8e}".encode())
             h.update(flat[:64].float().cpu().numpy().tobytes())
     return h.hexdigest()
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
@@ -337,6 +231,30 @@ class TrainResult:
     wall_s: float  # this call, setup and checkpoints included
     resumed_from: int  # step of the checkpoint resumed from (0: fresh start)
     history: list[dict[str, float]]  # per-step metrics, also of steps before a resume
+
+    def metrics(self, examples: Sequence[Example], truncated: int, domains: Sequence[str]) -> dict[str, Any]:
+        """metrics/sft.json: the data (examples, their tokens and targets, per domain), the run, the losses."""
+        dataset_tokens = sum(len(ex) for ex in examples)
+        dataset_targets = sum(sum(ex.loss_mask[1:]) for ex in examples)
+        m: dict[str, Any] = {
+            "examples": len(examples), "truncated": truncated, "rows_per_epoch": self.rows,
+            "steps": self.steps, "epochs": round(self.epochs, 4), "dataset_tokens": dataset_tokens,
+            "dataset_target_tokens": dataset_targets,
+            "target_fraction": round(dataset_targets / max(dataset_tokens, 1), 4),
+            "tokens_trained": self.tokens, "target_tokens_trained": self.target_tokens,
+            "padding_fraction": round(self.padding_fraction, 4),
+            "tokens_per_s": round(self.tokens_per_s, 1), "first_loss": round(self.first_loss, 4),
+            "final_loss": round(self.final_loss, 4), "mean_loss": round(self.mean_loss, 4),
+            "train_s": round(self.train_s, 2), "resumed_from_step": self.resumed_from,
+        }
+        for domain, n in sorted(Counter(domains).items()):
+            m[f"{domain}.examples"] = n
+        return m
+
+    def plot_rows(self) -> list[dict[str, Any]]:
+        """plots/sft_loss.json: one row per step (step, loss, lr, grad_norm, epoch)."""
+        return [{"step": int(h["step"]), **{k: json_number(h[k]) for k in ("loss", "lr", "grad_norm", "epoch")}}
+                for h in self.history]
 
 
 def train_sft(
@@ -385,7 +303,7 @@ def train_sft(
              cpu_capability())
     autocast_dtype = torch.bfloat16 if compute_dtype == torch.bfloat16 else None
     if use_ds:
-        optimizer = build_optimizer(model, cfg, cpu_adam=cfg.deepspeed.offload_optimizer)
+        optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay, cpu_adam=cfg.deepspeed.offload_optimizer)
         engine, scheduler = deepspeed_init(model, cfg, optimizer, lr_lambda)
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         run, dev = engine, engine.device
@@ -396,7 +314,7 @@ def train_sft(
         rank, engine = 0, None
         dev = torch.device(device or default_device())
         model.to(dev)
-        optimizer = build_optimizer(model, cfg)
+        optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
         run = model
         mask_dtype = autocast_dtype or torch.float32
@@ -427,7 +345,7 @@ def train_sft(
                 at = (m * world + rank) * per_micro
                 micro = [rows[r] for r in step_idx[at : at + per_micro]]
                 batch = collate(examples, micro, cfg, pad_id, attention).to(dev)
-                with _autocast(dev, autocast_dtype):
+                with autocast(dev, autocast_dtype):
                     s, n = batch_loss(run, batch, attention, mask_dtype)
                 scaled = s / total_w if total_w > 0 else s * 0.0
                 if use_ds:
@@ -497,12 +415,12 @@ def _save(ckpt: Path, state: _State, fp: str, model: torch.nn.Module, optimizer:
     if engine is not None:
         torch.distributed.barrier()
         engine.save_checkpoint(str(tmp), tag="ds")
-        torch.save(_rng_state(), tmp / f"rng-{rank}.pt")
+        torch.save(rng_state(), tmp / f"rng-{rank}.pt")
         torch.distributed.barrier()
     else:
         torch.save(model.state_dict(), tmp / "model.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(_rng_state(), tmp / "rng-0.pt")
+        torch.save(rng_state(), tmp / "rng-0.pt")
     if rank == 0:
         torch.save({"step": state.step, "fingerprint": fp, "scheduler": scheduler.state_dict(),
                     "history": state.history}, tmp / "trainer.pt")
@@ -540,6 +458,6 @@ def _resume(ckpt: Path, fp: str, model: torch.nn.Module, optimizer: Any, schedul
         scheduler.load_state_dict(meta["scheduler"])
         rng = path / f"rng-{rank}.pt"
         if rng.exists():
-            _set_rng_state(torch.load(rng, weights_only=False))
+            set_rng_state(torch.load(rng, weights_only=False))
         return _State(step=step, history=list(meta["history"]))
     return _State()

@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO for the SFT loop (coa.train): config from params, sharded loading, engine, gathered model.
 
     hold = zero3_loading(cfg)            # before from_pretrained: ZeRO-3 ranks load only their shard
-    optimizer = build_optimizer(model, cfg, cpu_adam=cfg.deepspeed.offload_optimizer)
+    optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay, cpu_adam=cfg.deepspeed.offload_optimizer)
     engine, scheduler = deepspeed_init(model, cfg, optimizer, lr_lambda)
     model = deepspeed_full_model(engine, rank)   # the float32 weights on rank 0 (every rank calls)
 

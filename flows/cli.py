@@ -79,6 +79,7 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
     from coa.rollout.hf import sample
     from coa.rollout.loop import StopSet, Trajectory, decode, eos_ids, vocab_texts
     from coa.rollout.types import Request, Sampling
+    from coa.runtime import agent_limits
     from coa.tools import ToolSession, build_tools
 
     params = load_params(params_path)
@@ -88,7 +89,7 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
     index_dir = index if Path(index).is_dir() else None  # without the index: the code tool alone
     session = ToolSession(build_tools(params.common.tools, index_dir=index_dir), params.common.tools.max_observation_chars)
     request = Request("solve", render_prompt(tok, question, domain), domain)
-    traj = Trajectory(request, tok, stops, params.common.agent.limits(), session)
+    traj = Trajectory(request, tok, stops, agent_limits(params.common.agent), session)
     sampling = Sampling(temperature=temperature, seed=seed)
     gen = [torch.Generator().manual_seed(seed)]
     feed, past, shown = list(traj.prompt_ids), None, ""

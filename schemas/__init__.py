@@ -20,7 +20,8 @@ from schemas.artifacts import (
     TaskStats,
     Trajectory,
     Transcript,
+    polars_dtypes,
 )
 
 __all__ = ["DOCUMENT_DTYPES", "EVAL_DTYPES", "EvalRow", "TASK_DTYPES", "TASK_STATS_DTYPES", "TRAJECTORY_DTYPES", "TRANSCRIPT_DTYPES", "Document", "Reject", "Task", "TaskStats",
-           "Trajectory", "Transcript"]
+           "Trajectory", "Transcript", "polars_dtypes"]

@@ -9,10 +9,12 @@ SPLITS = ("sft", "rl", "eval")
 DOMAINS = ("web", "math", "code")
 
 
-# polars dtypes of the artifacts, for building frames from rows (pl.DataFrame(rows, schema=TASK_DTYPES))
-TASK_DTYPES = {"task_id": pl.Utf8, "domain": pl.Utf8, "question": pl.Utf8, "answers": pl.List(pl.Utf8),
-               "tests": pl.List(pl.Utf8), "source": pl.Utf8, "split": pl.Utf8, "meta": pl.Utf8}
-DOCUMENT_DTYPES = {"doc_id": pl.Utf8, "url": pl.Utf8, "title": pl.Utf8, "text": pl.Utf8}
+def polars_dtypes(model: type[pa.DataFrameModel]) -> dict[str, pl.DataType]:
+    """The model's columns and polars dtypes in declared order, for building frames from rows:
+    ``pl.DataFrame(rows, schema=polars_dtypes(Task))`` (each schema is defined once, by its model)."""
+    return {name: column.dtype.type for name, column in model.to_schema().columns.items()}
+
+
 
 
 class Task(pa.DataFrameModel):
@@ -68,14 +70,6 @@ MESSAGE_DTYPE = pl.Struct({"sender": pl.Utf8, "receiver": pl.Utf8, "role": pl.Ut
                            "tokens": pl.Int64})
 CALL_DTYPE = pl.Struct({"agent": pl.Utf8, "input_tokens": pl.Int64, "output_tokens": pl.Int64,
                         "api_prompt_tokens": pl.Int64, "api_completion_tokens": pl.Int64})
-TRANSCRIPT_DTYPES = {"task_id": pl.Utf8, "domain": pl.Utf8, "question": pl.Utf8, "messages": pl.List(MESSAGE_DTYPE),
-                     "calls": pl.List(CALL_DTYPE), "answer": pl.Utf8, "correct": pl.Boolean, "f1": pl.Float64,
-                     "teacher_tokens": pl.Int64, "api_tokens": pl.Int64, "tool_calls": pl.Int64, "error": pl.Utf8,
-                     "seed": pl.Int64}
-TRAJECTORY_DTYPES = {"task_id": pl.Utf8, "domain": pl.Utf8, "system": pl.Utf8, "prompt": pl.Utf8,
-                     "trajectory": pl.Utf8, "answer": pl.Utf8, "correct": pl.Boolean, "n_tool_calls": pl.Int64,
-                     "has_reflection": pl.Boolean, "self_corrected": pl.Boolean, "changed_course": pl.Boolean,
-                     "weight": pl.Float64, "teacher_tokens": pl.Int64, "teacher_tool_calls": pl.Int64}
 
 
 class Transcript(pa.DataFrameModel):
@@ -124,10 +118,6 @@ class Trajectory(pa.DataFrameModel):
         strict = True
 
 
-TASK_STATS_DTYPES = {"task_id": pl.Utf8, "domain": pl.Utf8, "split": pl.Utf8, "n_samples": pl.Int64,
-                     "n_correct": pl.Int64, "r_q": pl.Float64, "kept": pl.Boolean}
-
-
 class TaskStats(pa.DataFrameModel):
     """A per-task pass rate and the filter's decision: data/difficulty.parquet (a reference model's
     closed-book answers, the difficulty filter) and data/rl_tasks.parquet (k agentic rollouts of the SFT
@@ -148,11 +138,6 @@ class TaskStats(pa.DataFrameModel):
     @pa.dataframe_check(error="n_correct must not exceed n_samples")
     def correct_within_samples(cls, data) -> pl.LazyFrame:
         return data.lazyframe.select(pl.col("n_correct") <= pl.col("n_samples"))
-
-
-EVAL_DTYPES = {"model": pl.Utf8, "group": pl.Utf8, "domain": pl.Utf8, "task_id": pl.Utf8, "sample": pl.Int64,
-               "correct": pl.Boolean, "answer": pl.Utf8, "parse_ok": pl.Boolean, "finish": pl.Utf8,
-               "billed_tokens": pl.Int64, "generated_tokens": pl.Int64, "tool_calls": pl.Int64, "turns": pl.Int64}
 
 
 class EvalRow(pa.DataFrameModel):
@@ -178,3 +163,12 @@ class EvalRow(pa.DataFrameModel):
     @pa.dataframe_check(error="(model, group, task_id, sample) must be unique")
     def one_row_per_attempt(cls, data) -> pl.LazyFrame:
         return data.lazyframe.select(~pl.struct("model", "group", "task_id", "sample").is_duplicated())
+
+
+# the polars dtypes of each artifact, derived from its model above
+TASK_DTYPES = polars_dtypes(Task)
+DOCUMENT_DTYPES = polars_dtypes(Document)
+TRANSCRIPT_DTYPES = polars_dtypes(Transcript)
+TRAJECTORY_DTYPES = polars_dtypes(Trajectory)
+TASK_STATS_DTYPES = polars_dtypes(TaskStats)
+EVAL_DTYPES = polars_dtypes(EvalRow)

@@ -24,7 +24,7 @@ from coa import model as M
 from coa.config import derive_seed, to_dict
 from coa.format import TAGS
 from coa.io import read_table
-from coa.pretrain import pretrain_copy
+from coa.pretrain import pretrain_copy, pretrain_texts
 from schemas import Document, Task
 from stages._stage import Stage
 
@@ -42,11 +42,6 @@ def tokenizer_texts(tasks: pl.DataFrame, corpus: pl.DataFrame) -> Iterator[str]:
         yield from tests
     # the format's own scaffolding, so its frequent neighbours (newlines, fences) merge well
     yield "\n".join(f"<{t}>\n</{t}>" for t in TAGS) + "\n```python\nprint()\n```\n"
-
-
-def pretrain_texts(tasks: pl.DataFrame) -> list[str]:
-    """The copy pretraining's text: questions of the training splits only (no eval cluster's names or facts)."""
-    return tasks.filter(pl.col("split") != "eval").sort("task_id")["question"].to_list()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,11 +21,12 @@ import time
 import polars as pl
 
 from coa.config import derive_seed
-from coa.difficulty import covered, sample_closed_book, task_stats
+from coa.difficulty import covered, rejects, sample_closed_book, summary, task_stats
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
+from coa.runtime import engine_from
 from schemas import TASK_STATS_DTYPES, Task, TaskStats
-from stages._stage import Stage, engine_from
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
 
@@ -46,31 +47,11 @@ def main(argv: list[str] | None = None) -> None:
         stats = task_stats(tasks, samples, cfg.max_pass_rate)
         table = pl.DataFrame([s.as_row() for s in stats], schema=TASK_STATS_DTYPES).sort("task_id")
         write_table(table, st.args.stats, TaskStats)
-        by_id = {t["task_id"]: t for t in tasks}
-        dropped = table.filter(~pl.col("kept"))
-        write_rejects(st.args.rejects, "difficulty", [
-            (by_id[r["task_id"]], f"too easy: closed-book pass rate r_q={r['r_q']:.2f} > {cfg.max_pass_rate} "
-                                  f"({r['n_correct']} of {r['n_samples']} answers right without tools)")
-            for r in dropped.iter_rows(named=True)])
-
-        sampled = table.filter(pl.col("n_samples") > 0)
-        n_answers = int(sampled["n_samples"].sum())
-        metrics = {"tasks": table.height, "kept": int(table["kept"].sum()), "dropped": dropped.height,
-                   "covered": sampled.height, "n_samples": cfg.n_samples,
-                   "samples": n_answers, "sample_s": round(sample_s, 2),
-                   "answers_per_s": round(n_answers / max(sample_s, 1e-9), 1),
-                   "closed_book_accuracy": round(float(sampled["r_q"].mean() or 0.0), 4)}
-        for domain in sorted(set(sampled["domain"])):
-            part = sampled.filter(pl.col("domain") == domain)
-            metrics[f"{domain}.covered"] = part.height
-            metrics[f"{domain}.dropped_share"] = round(float((~part["kept"]).mean()), 4)
-            metrics[f"{domain}.closed_book_accuracy"] = round(float(part["r_q"].mean()), 4)
-        for split in sorted(set(sampled["split"])):
-            part = sampled.filter(pl.col("split") == split)
-            metrics[f"{split}.dropped"] = int((~part["kept"]).sum())
+        write_rejects(st.args.rejects, "difficulty", rejects(table, tasks, cfg.max_pass_rate))
+        metrics = summary(table, cfg.n_samples, sample_s)
         assert metrics["kept"] + metrics["dropped"] == metrics["tasks"] == len(tasks)
         log.info("difficulty: %d of %d covered tasks dropped (closed-book accuracy %.3f), %d samples in %.1f s",
-                 metrics["dropped"], sampled.height, metrics["closed_book_accuracy"], n_answers, sample_s)
+                 metrics["dropped"], metrics["covered"], metrics["closed_book_accuracy"], metrics["samples"], sample_s)
         st.finish(metrics)
 
 

@@ -15,52 +15,29 @@ wrong answer: it is run again for `distill.retry_rounds` rounds with backoff; if
 `distill.max_error_share` of the tasks are still out, the stage exits 1 with a one-line message before
 writing anything, so DVC does not record it as done and the next `dvc repro` redoes just those tasks
 (the others come from the cache). Outages within the share are rejected as `teacher_error` and left out
-of teacher_accuracy.
+of teacher_accuracy (coa.teach.distill_tasks).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import random
-import time
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import polars as pl
-from tqdm import tqdm
 from transformers import AutoTokenizer
 
 import coa.teacher
 import coa.tools
-from coa.config import derive_seed, to_dict
-from coa.distill import (
-    FILTERS,
-    Filters,
-    Shape,
-    filter_reason,
-    jsonl,
-    linearise,
-    llamafactory_dataset_info,
-    llamafactory_records,
-    shape,
-    sharegpt_records,
-)
-from coa.format import extract_answer
-from coa.io import read_table, write_json, write_rejects, write_table
+from coa.config import to_dict
+from coa.distill import jsonl, llamafactory_dataset_info, llamafactory_records, sharegpt_records
+from coa.io import md5_path, read_table, write_json, write_rejects, write_table
 from coa.metrics import token_counter
-from coa.prompts import system_prompt
-from coa.rewards import check, f1
-from coa.teacher import TeamLimits, Transcript, run_team, team_factory
-from coa.tools import ToolSession, build_tools
+from coa.teach import TeacherOutage, distill_tasks, make_teacher
 from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, TaskStats, Trajectory
 from schemas import Transcript as TranscriptSchema
-from stages._stage import Stage, md5_path
-
-log = logging.getLogger("coa")
+from stages._stage import Stage
 
 
 def _cache_salt(params: Any, index_dir: str) -> str:
@@ -88,153 +65,23 @@ def main(argv: list[str] | None = None) -> None:
         too_easy -= tasks.height
         if cfg.max_tasks:
             tasks = tasks.head(cfg.max_tasks)
-        rows = tasks.to_dicts()
-        tools = build_tools(st.params.common.tools, index_dir=st.args.index)
-        factory = team_factory(cfg.teacher, cfg.offline)
-        limits = TeamLimits(**to_dict(cfg.limits))
-        cache, salt = Path(st.args.cache), _cache_salt(st.params, st.args.index)
-        cache.mkdir(parents=True, exist_ok=True)
-
-        def key(task: dict) -> Path:
-            digest = hashlib.sha256(f"{salt}:{seed}:{task['task_id']}:{task['question']}".encode()).hexdigest()
-            return cache / f"{task['task_id']}-{digest[:16]}.json"
-
-        def solve(task: dict) -> tuple[Transcript, bool, bool]:
-            path = key(task)
-            if path.exists():
-                record = json.loads(path.read_text())
-                return Transcript.from_json(record), record["correct"], True
-            rng = random.Random(derive_seed(seed, "distill", task["task_id"]))
-            team = factory(task["domain"], rng)
-            t = run_team(task["question"], task["domain"], team, ToolSession(tools, st.params.common.tools.max_observation_chars), limits)
-            correct = check(task["domain"], t.answer, task)
-            if not t.outage:  # a backend failure is retried (this run's retry rounds, then the next run)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({**t.to_json(), "correct": correct}))
-                tmp.replace(path)
-            return t, correct, False
-
-        start = time.perf_counter()
-        with ThreadPoolExecutor(cfg.workers) as pool:
-            results = list(tqdm(pool.map(solve, rows), total=len(rows), desc="distill", unit="task", mininterval=2))
-            for round_ in range(cfg.retry_rounds):
-                out = [i for i, (t, _, _) in enumerate(results) if t.outage]
-                if not out:
-                    break
-                wait_s = min(2.0**round_, 60.0)
-                log.warning("teacher: %d task(s) could not reach the backend (%s); retry round %d/%d in %.0f s",
-                            len(out), results[out[0]][0].error, round_ + 1, cfg.retry_rounds, wait_s)
-                time.sleep(wait_s)
-                for i, result in zip(out, pool.map(solve, [rows[i] for i in out]), strict=True):
-                    results[i] = result
-        teacher_s = time.perf_counter() - start
-        resumed = sum(r[2] for r in results)
-        outages = [i for i, (t, _, _) in enumerate(results) if t.outage]
-        log.info("teacher: %d tasks in %.1f s (%d from the resume cache, %d outages)", len(rows), teacher_s,
-                 resumed, len(outages))
-        if outages and len(outages) > cfg.max_error_share * len(rows):
-            first = results[outages[0]][0].error
-            raise SystemExit(
-                f"distill: {len(outages)} of {len(rows)} tasks failed: the teacher backend could not be reached "
-                f"({first}); bring {describe_backend(cfg.teacher)} back (or fix distill.teacher), then run "
-                f"`dvc repro distill` again: the {len(rows) - len(outages)} finished tasks come from the "
-                f"resume cache {cache} and only the failed ones are redone (distill.max_error_share "
-                f"{cfg.max_error_share} allows {int(cfg.max_error_share * len(rows))}).")
-
+        teacher = make_teacher(cfg, st.params.common.tools, st.args.index)
         count = token_counter(AutoTokenizer.from_pretrained(st.args.base))
-        filters = Filters(**to_dict(cfg.filters))
-        transcripts, kept, rejects = [], [], []
-        for task, (t, correct, _) in zip(rows, results, strict=True):
-            teacher_tokens = t.billed_tokens(count)
-            transcripts.append({
-                "task_id": task["task_id"], "domain": task["domain"], "question": task["question"],
-                "messages": [{**m.__dict__, "tokens": count(m.content)} for m in t.messages],
-                "calls": [{"agent": c.agent, "input_tokens": sum(count(p) for p in c.inputs),
-                           "output_tokens": count(c.output),
-                           "api_prompt_tokens": (c.usage or {}).get("prompt_tokens"),
-                           "api_completion_tokens": (c.usage or {}).get("completion_tokens")} for c in t.calls],
-                "answer": t.answer, "correct": correct,
-                "f1": f1(t.answer, task["answers"]) if task["domain"] == "web" and t.answer else 0.0,
-                "teacher_tokens": teacher_tokens, "api_tokens": t.api_tokens(), "tool_calls": t.tool_calls,
-                "error": t.error, "seed": derive_seed(seed, "distill", task["task_id"])})
-            try:
-                text = linearise(t)
-            except ValueError as err:
-                text, s = "", Shape(0, False, False, False, (f"cannot render: {err}",))
-            else:
-                s = shape(text, task["domain"])
-            answer = extract_answer(text)
-            row = {"task_id": task["task_id"], "domain": task["domain"], "system": system_prompt(task["domain"]),
-                   "prompt": task["question"], "trajectory": text, "answer": answer if answer is not None else "",
-                   "correct": correct and answer is not None, "n_tool_calls": s.n_tool_calls,
-                   "has_reflection": s.has_reflection, "self_corrected": s.self_corrected,
-                   "changed_course": s.changed_course,
-                   "weight": cfg.filters.self_corrected_weight if s.self_corrected else 1.0,
-                   "teacher_tokens": teacher_tokens, "teacher_tool_calls": t.tool_calls}
-            dropped = filter_reason(row, s.problems, filters)
-            if t.outage:  # within distill.max_error_share: left out, not counted as a wrong answer
-                dropped = "teacher_error", f"the team could not reach its backend ({t.error})"
-            if dropped:
-                rejects.append(({"task_id": task["task_id"], "domain": task["domain"], "filter": dropped[0],
-                                 "answer": answer}, f"{dropped[0]}: {dropped[1]}"))
-            else:
-                kept.append(row)
+        try:
+            result = distill_tasks(tasks.to_dicts(), teacher, cfg, seed, Path(st.args.cache),
+                                   _cache_salt(st.params, st.args.index), count)
+        except TeacherOutage as err:
+            raise SystemExit(str(err)) from None
 
-        write_table(pl.DataFrame(transcripts, schema=TRANSCRIPT_DTYPES), st.args.transcripts, TranscriptSchema)
-        write_table(pl.DataFrame(kept, schema=TRAJECTORY_DTYPES), st.args.trajectories, Trajectory)
-        write_rejects(st.args.rejects, "distill", rejects)
+        write_table(pl.DataFrame(result.transcripts, schema=TRANSCRIPT_DTYPES), st.args.transcripts, TranscriptSchema)
+        write_table(pl.DataFrame(result.kept, schema=TRAJECTORY_DTYPES), st.args.trajectories, Trajectory)
+        write_rejects(st.args.rejects, "distill", result.rejects)
         export = Path(st.args.export)
         (export / "llamafactory").mkdir(parents=True, exist_ok=True)
-        (export / "sharegpt.jsonl").write_text(jsonl(sharegpt_records(kept)))
-        (export / "llamafactory" / "coa_sft.jsonl").write_text(jsonl(llamafactory_records(kept)))
+        (export / "sharegpt.jsonl").write_text(jsonl(sharegpt_records(result.kept)))
+        (export / "llamafactory" / "coa_sft.jsonl").write_text(jsonl(llamafactory_records(result.kept)))
         write_json(export / "llamafactory" / "dataset_info.json", llamafactory_dataset_info("coa_sft.jsonl"))
-        flags = [t.outage for t, _, _ in results]
-        st.finish({**_metrics(transcripts, kept, rejects, teacher_s, resumed, flags), "skipped_too_easy": too_easy,
-                   "max_error_share": cfg.max_error_share})
-
-
-def describe_backend(teacher: Any) -> str:
-    """The teacher's backend in words, for error messages."""
-    if teacher.backend == "offline":
-        return "the offline team"
-    return f"the endpoint {teacher.base_url} (model {teacher.model!r})"
-
-
-def _metrics(transcripts: list[dict], kept: list[dict], rejects: list[tuple[dict, str]], teacher_s: float,
-             resumed: int, outage: list[bool]) -> dict[str, Any]:
-    m: dict[str, Any] = {"tasks": len(transcripts), "kept": len(kept), "rejected": len(rejects),
-                         "teacher_s": round(teacher_s, 2), "resumed": resumed,
-                         "tasks_per_s": round(len(transcripts) / max(teacher_s, 1e-9), 2)}
-    assert m["tasks"] == m["kept"] + m["rejected"], "counts must reconcile"
-    by_filter = Counter(row["filter"] for row, _ in rejects)
-    for name in (*FILTERS, "teacher_error"):
-        m[f"rejected_{name}"] = by_filter.get(name, 0)
-    n = max(len(transcripts), 1)
-    transcripts = [{**t, "outage": o} for t, o in zip(transcripts, outage, strict=True)]
-    answered = [t for t in transcripts if not t["outage"]]  # an outage is no answer, right or wrong
-    m["teacher_outages"] = len(transcripts) - len(answered)
-    m["teacher_outage_share"] = round(m["teacher_outages"] / n, 4)
-    m["teacher_accuracy"] = round(sum(t["correct"] for t in answered) / max(len(answered), 1), 4)
-    m["teacher_tool_calls_per_task"] = round(sum(t["tool_calls"] for t in transcripts) / n, 3)
-    m["teacher_tokens_per_task"] = round(sum(t["teacher_tokens"] for t in transcripts) / n, 1)
-    m["teacher_errors"] = sum(t["error"] is not None for t in transcripts)
-    for domain in ("web", "math", "code"):
-        ts = [t for t in transcripts if t["domain"] == domain]
-        ks = [k for k in kept if k["domain"] == domain]
-        if not ts:
-            continue
-        m[f"{domain}.tasks"], m[f"{domain}.kept"] = len(ts), len(ks)
-        ok = [t for t in ts if not t["outage"]]
-        m[f"{domain}.teacher_accuracy"] = round(sum(t["correct"] for t in ok) / max(len(ok), 1), 4)
-        m[f"{domain}.teacher_tool_calls_per_task"] = round(sum(t["tool_calls"] for t in ts) / len(ts), 3)
-        m[f"{domain}.teacher_tokens_per_task"] = round(sum(t["teacher_tokens"] for t in ts) / len(ts), 1)
-        if ks:
-            m[f"{domain}.kept_self_corrected"] = round(sum(k["self_corrected"] for k in ks) / len(ks), 4)
-            m[f"{domain}.kept_changed_course"] = round(sum(k["changed_course"] for k in ks) / len(ks), 4)
-            m[f"{domain}.kept_tool_calls_per_task"] = round(sum(k["n_tool_calls"] for k in ks) / len(ks), 3)
-        if domain == "web":
-            m["web.teacher_f1"] = round(sum(t["f1"] for t in ts) / len(ts), 4)
-    return m
+        st.finish({**result.metrics(), "skipped_too_easy": too_easy})
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
     dvc repro eval
     python -m stages.eval --tasks data/tasks.parquet --base models/base --sft models/sft --rl models/rl \\
-        --index data/index --rows data/eval.parquet --metrics metrics/eval.json --plots plots/eval
+        --index data/index --rows data/eval.parquet --metrics metrics/eval.json --plots plots/eval \\
+        --headline metrics/headline
 
 Every policy answers each task of `eval.splits` (at most `max_tasks` per domain) `k` times with its tools
 (common.agent limits; per-domain sampling in `eval.sampling`), scored by the shared checker
@@ -11,41 +12,35 @@ the teacher team (distill.teacher) answers the same tasks k times, so accuracy a
 like. `eval.benchmarks` adds public sets (adapters), each reported as its own group (`bench:<kind>`).
 
 Per model (metrics/eval.json, one flat section each: base, sft, rl, teacher), on the eval split (each
-benchmark under its own `bench:<kind>.` keys): accuracy (avg@k) with its
-bootstrap 95% interval, pass@1..k (the unbiased estimator), best-of-k (self-selected: the policy's own
+benchmark under its own `bench:<kind>.` keys): accuracy (avg@k) with its bootstrap 95% interval, pass@1..k (the unbiased estimator), best-of-k (self-selected: the policy's own
 double-check score, then the majority answer), format validity, tokens, tool calls and turns per attempt,
 the same per domain and benchmark, and for the students the billed-token ratio to the teacher
-(coa.metrics.billed_tokens, the student's tokenizer for both). Plots under --plots: accuracy per model and
-domain, pass@k curves, cost versus accuracy. Promotion is not here (`coa promote` after the stage).
+(coa.metrics.billed_tokens, the student's tokenizer for both). Plots (--plots) and one small headline file
+per model (--headline, `dvc metrics show`): coa.plots. Promotion is not here (`coa promote` after the stage).
 """
 
 from __future__ import annotations
 
 import logging
-import random
-import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 from transformers import AutoTokenizer
 
-from coa.config import derive_seed, to_dict
-from coa.distill import linearise
-from coa.evaluate import evaluate, format_ok, summarize
-from coa.io import read_table, write_json, write_table
+from coa.config import derive_seed
+from coa.evaluate import evaluate
+from coa.io import read_table, write_table
 from coa.metrics import token_counter
-from coa.progress import progress
-from coa.rewards import check
+from coa.plots import publish
+from coa.report import eval_metrics
 from coa.rollout.types import Sampling
+from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
-from coa.teacher import team_factory
-from coa.teacher.orchestrator import TeamLimits, run_team
-from coa.tools import ToolSession, build_tools
+from coa.teach import make_teacher, teacher_rows
 from schemas import EVAL_DTYPES, EvalRow, Task
-from stages._stage import Stage, engine_from, judge_from, tools_factory
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
 POLICIES = ("base", "sft", "rl")
@@ -78,58 +73,10 @@ def _policy_rows(st: Stage, tok: Any, name: str, engine: Any, tools: Any, judge:
         s = cfg.sampling[domain]
         sampling = Sampling(temperature=s.temperature, top_p=s.top_p,
                             seed=derive_seed(st.params.common.seed, "eval", name, domain))
-        result = evaluate(engine, part, cfg.k, sampling, st.params.common.agent.limits(), tools,
+        result = evaluate(engine, part, cfg.k, sampling, agent_limits(st.params.common.agent), tools,
                           tokenizer=tok, judge=judge)
         rows += result.rows
     return rows
-
-
-def _teacher_rows(st: Stage, tok: Any, tools: dict[str, Any], judge: Any,
-                  tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The teacher team on every task k times (fresh seeds; the same agents and limits as distill)."""
-    cfg, dcfg = st.params.eval, st.params.distill
-    factory = team_factory(dcfg.teacher, dcfg.offline)
-    limits = TeamLimits(**to_dict(dcfg.limits))
-    count = token_counter(tok)
-
-    def attempt(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
-        task, i = job
-        rng = random.Random(derive_seed(st.params.common.seed, "eval", "teacher", task["task_id"], str(i)))
-        t = run_team(task["question"], task["domain"], factory(task["domain"], rng),
-                     ToolSession(tools, st.params.common.tools.max_observation_chars), limits)
-        try:
-            text = linearise(t)
-        except ValueError:
-            text = ""
-        return {"task_id": task["task_id"], "sample": i, "domain": task["domain"],
-                "correct": check(task["domain"], t.answer, task, judge), "answer": t.answer,
-                "parse_ok": bool(text) and format_ok(text, task["domain"]),
-                "finish": "error" if t.error else "answer", "billed_tokens": t.billed_tokens(count),
-                "generated_tokens": sum(count(c.output) for c in t.calls), "n_tool_calls": t.tool_calls,
-                "n_turns": len(t.calls), "text": text}
-
-    jobs = [(task, i) for task in tasks for i in range(cfg.k)]
-    with ThreadPoolExecutor(dcfg.workers) as pool:
-        return list(progress(pool.map(attempt, jobs), len(jobs), "eval: teacher", "attempts"))
-
-
-def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, float]:
-    """One model's flat metrics: the eval split overall and per domain, then each benchmark group."""
-    out: dict[str, float] = {}
-    groups = [("", [r for r in rows if r["group"] == "eval"])]
-    groups += [(f"{d}.", [r for r in rows if r["domain"] == d and r["group"] == "eval"]) for d in ("web", "math", "code")]
-    groups += [(f"{g}.", [r for r in rows if r["group"] == g]) for g in sorted({r["group"] for r in rows} - {"eval"})]
-    for prefix, part in groups:
-        if not part:
-            continue
-        s = summarize(part, k, n_boot, seed)  # its means are per attempt (one rollout of a task)
-        out.update({f"{prefix}accuracy": s["accuracy"], f"{prefix}accuracy_ci_low": s["accuracy_ci95"][0],
-                    f"{prefix}accuracy_ci_high": s["accuracy_ci95"][1], f"{prefix}best_of_{k}": s[f"best_of_{k}"],
-                    f"{prefix}format_ok": s["format_ok"], f"{prefix}tasks": s["n_tasks"],
-                    f"{prefix}tokens_per_task": s["billed_tokens"], f"{prefix}generated_tokens_per_task": s["policy_tokens"],
-                    f"{prefix}tool_calls_per_task": s["tool_calls"], f"{prefix}turns_per_task": s["turns"]})
-        out.update({f"{prefix}{key}": v for key, v in s.items() if key.startswith("pass@")})
-    return {k: round(float(v), 4) for k, v in out.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,23 +84,22 @@ def main(argv: list[str] | None = None) -> None:
               "rl": "the RL policy", "index": "search index folder"}
     with Stage("eval", argv, inputs=inputs, sections=("distill",),
                outputs={"rows": "one row per attempt (parquet)", "metrics": "figures per model (JSON)",
-                        "headline": "folder: one small JSON per model (dvc metrics show)",
-                        "plots": "plots folder (JSON rows)"}) as st:
+                        "plots": "plots folder (JSON rows)",
+                        "headline": "folder: one small JSON per model (dvc metrics show)"}) as st:
         cfg, seed = st.params.eval, st.params.common.seed
         tok = AutoTokenizer.from_pretrained(st.args.base)  # counts every model's tokens, the teacher's too
         sets = _task_sets(st)
         log.info("eval: %s, k=%d", ", ".join(f"{len(v)} {g} tasks" for g, v in sets.items()), cfg.k)
-        rows: list[dict[str, Any]] = []
-        timings: dict[str, float] = {}
+        rows, timings = [], {}  # attempt rows of every model; each model's wall time
         models = [(name, getattr(st.args, name)) for name in POLICIES] + ([("teacher", None)] if cfg.teacher else [])
-        sessions, judge = tools_factory(st.params, st.args.index), judge_from(st.params.common.judge)  # once
+        sessions, judge = tools_factory(st.params.common.tools, st.args.index), judge_from(st.params.common.judge)  # once
         for name, path in models:
             start = time.perf_counter()
             engine = engine_from(cfg.engine, path) if path else None  # one engine per model, every group
-            teacher_tools = None if path else build_tools(st.params.common.tools, index_dir=st.args.index)
+            teacher = None if path else make_teacher(st.params.distill, st.params.common.tools, st.args.index)
             for group, part in sets.items():
                 got = (_policy_rows(st, tok, name, engine, sessions, judge, part) if path
-                       else _teacher_rows(st, tok, teacher_tools, judge, part))
+                       else teacher_rows(teacher, part, cfg.k, seed, token_counter(tok), judge, st.params.distill.workers))
                 rows += [{**r, "model": name, "group": group} for r in got]
             timings[name] = round(time.perf_counter() - start, 2)
             log.info("eval: %s in %.1f s", name, timings[name])
@@ -161,40 +107,13 @@ def main(argv: list[str] | None = None) -> None:
         renamed = {"tool_calls": "n_tool_calls", "turns": "n_turns"}  # the table's names for evaluate's keys
         table = pl.DataFrame([{k: r[renamed.get(k, k)] for k in EVAL_DTYPES} for r in rows], schema=EVAL_DTYPES)
         write_table(table.sort("model", "group", "task_id", "sample"), st.args.rows, EvalRow)
-        metrics: dict[str, Any] = {name: _section([r for r in rows if r["model"] == name], cfg.k, cfg.n_boot, seed)
-                                   for name, _ in models}
-        teacher_tokens = metrics.get("teacher", {}).get("tokens_per_task")
-        for name, _ in models:
-            metrics[name]["eval_s"] = timings[name]
-            if teacher_tokens and name != "teacher" and "tokens_per_task" in metrics[name]:
-                metrics[name]["cost_ratio_vs_teacher"] = round(metrics[name]["tokens_per_task"] / teacher_tokens, 4)
-        _publish(st, metrics)
-        log.info("eval: %s", "; ".join(f"{m} accuracy {s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, "
-                                       f"{s['accuracy_ci_high']:.3f}], {s['tokens_per_task']:.0f} tokens/task"
+        metrics = eval_metrics(rows, [name for name, _ in models], cfg.k, cfg.n_boot, seed, timings)
+        publish(st.run, metrics, st.args.plots, st.args.headline)
+        log.info("eval: %s", "; ".join(f"{m} accuracy {s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, {s['accuracy_ci_high']:.3f}]"
                                        for m, s in metrics.items() if "accuracy" in s))
         # MLflow: grouped by model (rl/accuracy, rl/web/accuracy, rl/pass_at_4) instead of 200 flat names
         st.finish(metrics, logged={f"{model}/{key.replace('.', '/').replace('@', '_at_')}": v
                                    for model, m in metrics.items() for key, v in m.items()})
-
-
-def _publish(st: Stage, metrics: dict[str, dict[str, float]]) -> None:
-    """Plot rows (dvc plots), the headline files (dvc metrics show), and both as MLflow artifacts."""
-    from coa.plots import figures, headline, plot_rows
-
-    rows, table = plot_rows(metrics), headline(metrics)
-    folder, heads = Path(st.args.plots), Path(st.args.headline)
-    shutil.rmtree(heads, ignore_errors=True)
-    for name, part in rows.items():
-        write_json(folder / f"{name}.json", part)
-    for model, row in table.items():
-        write_json(heads / f"{model}.json", row)
-    keys = list(dict.fromkeys(k for r in table.values() for k in r))
-    st.run.log_table({"model": list(table), **{k: [r.get(k) for r in table.values()] for k in keys}},
-                     "eval/headline.json")
-    for name, fig in figures(rows).items():
-        st.run.log_figure(fig, f"eval/{name}.png")
-    for path in sorted(folder.glob("*.json")):
-        st.run.log_artifact(path, "eval/plot_rows")
 
 
 if __name__ == "__main__":

@@ -19,37 +19,24 @@ domain, and KL(RL || SFT) per token is measured on those rollouts. The model is 
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import shutil
-from pathlib import Path
 
 import polars as pl
 
 from coa.config import derive_seed, to_dict
 from coa.dapo import heldout_kl, train_dapo
-from coa.io import read_table, write_json
-from coa.model import RESOLVED_CONFIG, load_pretrained, save_pretrained
+from coa.io import md5_path, read_table, write_json
+from coa.model import load_pretrained
 from coa.prompts import render_prompt
 from coa.rewards import RewardSpec, reward
 from coa.rollout.types import Request, Sampling
+from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
+from coa.trainkit import save_trained
 from schemas import Task, TaskStats
-from stages._stage import Stage, engine_from, judge_from, md5_path, register_model, tools_factory
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
-PLOT_KEYS = ("reward", "accuracy", "groups_kept", "entropy", "clip_fraction", "response_tokens", "tool_calls")
-
-
-def _num(x: float) -> float | None:
-    return round(float(x), 6) if x is not None and math.isfinite(x) else None
-
-
-def _fifths(history: list[dict], key: str) -> tuple[float, float]:
-    n = max(1, len(history) // 5)
-    first = [h[key] for h in history[:n]]
-    last = [h[key] for h in history[-n:]]
-    return sum(first) / len(first), sum(last) / len(last)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,19 +77,14 @@ def main(argv: list[str] | None = None) -> None:
         def log_step(step: int, metrics: dict[str, float]) -> None:
             st.run.log_metrics({"train": metrics}, step=step)
 
-        tools = tools_factory(st.params, st.args.index)
-        result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent.limits(), tools_factory=tools,
+        tools = tools_factory(st.params.common.tools, st.args.index)
+        result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent_limits(agent), tools_factory=tools,
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
                             seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step, ref_model=ref)
 
-        out = Path(st.args.out)
-        shutil.rmtree(out, ignore_errors=True)
-        sft_cfg = Path(st.args.policy) / RESOLVED_CONFIG
-        resolved = {"common": to_dict(st.params.common), "rl": to_dict(cfg),
-                    "sft_model": json.loads(sft_cfg.read_text()) if sft_cfg.exists() else None}
-        save_pretrained(result.model, tok, out, resolved)
-        h = result.history
-        write_json(st.args.plots, [{"step": int(x["step"]), **{k: _num(x.get(k)) for k in PLOT_KEYS}} for x in h])
+        out = save_trained(result.model, tok, st.args.out, {"common": to_dict(st.params.common), "rl": to_dict(cfg)},
+                           st.args.policy, "sft_model")
+        write_json(st.args.plots, result.plot_rows())
 
         # KL(RL || SFT) on held-out rollouts of the RL policy (eval-split tasks, never trained on)
         heldout = [t for d in ("math", "code", "web") for t in
@@ -113,30 +95,15 @@ def main(argv: list[str] | None = None) -> None:
             requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"])
                         for t in heldout]
             rollouts = engine.rollout(requests, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed),
-                                      agent.limits(), tools)
+                                      agent_limits(agent), tools)
             sft_model = load_pretrained(st.args.policy)[0]
             kl = heldout_kl(result.model, sft_model, rollouts, cfg.temperature, tok.pad_token_id)
 
-        reward_first, reward_last = _fifths(h, "reward")
-        acc_first, acc_last = _fifths(h, "accuracy")
-        metrics = {
-            "tasks": len(train), "steps": result.steps, "resumed_from_step": result.resumed_from,
-            "reward_first_fifth": round(reward_first, 4), "reward_last_fifth": round(reward_last, 4),
-            "accuracy_first_fifth": round(acc_first, 4), "accuracy_last_fifth": round(acc_last, 4),
-            "groups_kept_mean": round(sum(x["groups_kept"] for x in h) / len(h), 3),
-            "groups_generated": int(sum(x["groups_generated"] for x in h)),
-            "rollout_s": round(sum(x["rollout_s"] for x in h), 2), "update_s": round(sum(x["update_s"] for x in h), 2),
-            "heldout_rollouts": len(heldout), "kl_rl_sft_heldout": _num(kl),
-        }
-        for key in ("entropy", "clip_fraction", "response_tokens", "tool_calls"):
-            vals = [x[key] for x in h if key in x]
-            if vals:
-                metrics[f"{key}_last"] = round(vals[-1], 4)
+        metrics = result.metrics(len(train), len(heldout), kl)
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
-                 reward_first, reward_last, kl)
+                 metrics["reward_first_fifth"], metrics["reward_last_fifth"], kl)
         # the content hash lets `coa promote` find the version that is the workspace's models/rl
-        version = register_model(out, cfg.register_as, {"coa.stage": "rl", "coa.model_md5": md5_path(out)})
-        st.run.set_tags({"coa.registered_model": cfg.register_as, "coa.registered_version": version or "none"})
+        st.register(out, cfg.register_as, {"coa.model_md5": md5_path(out)})
         st.finish(metrics)
         shutil.rmtree(st.args.checkpoints, ignore_errors=True)
 

@@ -21,52 +21,23 @@ Every rank trains its share of each step; rank 0 alone writes the outputs and lo
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import shutil
 import sys
 import time
-from collections import Counter
 from contextlib import nullcontext
-from pathlib import Path
-from typing import Any
 
 from coa.config import derive_seed, to_dict
 from coa.io import read_table, write_json
-from coa.model import RESOLVED_CONFIG, load_pretrained, save_pretrained
-from coa.train import TrainResult, encode_trajectories, train_sft
+from coa.model import load_pretrained
+from coa.train import encode_trajectories, train_sft
+from coa.trainkit import save_trained
 from coa.zero import zero3_loading
 from schemas import Trajectory
-from stages._stage import Stage, register_model
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
-PLOT_KEYS = ("loss", "lr", "grad_norm", "epoch")
-
-
-def _num(x: float) -> float | None:
-    return round(float(x), 6) if math.isfinite(x) else None
-
-
-def _metrics(records: list[dict[str, Any]], examples: list, truncated: int,
-             result: TrainResult) -> dict[str, Any]:
-    dataset_tokens = sum(len(ex) for ex in examples)
-    dataset_targets = sum(sum(ex.loss_mask[1:]) for ex in examples)
-    m: dict[str, Any] = {
-        "examples": len(examples), "truncated": truncated, "rows_per_epoch": result.rows,
-        "steps": result.steps, "epochs": round(result.epochs, 4), "dataset_tokens": dataset_tokens,
-        "dataset_target_tokens": dataset_targets,
-        "target_fraction": round(dataset_targets / max(dataset_tokens, 1), 4),
-        "tokens_trained": result.tokens, "target_tokens_trained": result.target_tokens,
-        "padding_fraction": round(result.padding_fraction, 4),
-        "tokens_per_s": round(result.tokens_per_s, 1), "first_loss": round(result.first_loss, 4),
-        "final_loss": round(result.final_loss, 4), "mean_loss": round(result.mean_loss, 4),
-        "train_s": round(result.train_s, 2), "resumed_from_step": result.resumed_from,
-    }
-    for domain, n in sorted(Counter(r["domain"] for r in records).items()):
-        m[f"{domain}.examples"] = n
-    return m
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,20 +75,13 @@ def main(argv: list[str] | None = None) -> None:
         if not main_rank:
             return
 
-        out = Path(st.args.out)
-        shutil.rmtree(out, ignore_errors=True)
-        base_cfg = Path(st.args.base) / RESOLVED_CONFIG
-        resolved = {"common": to_dict(st.params.common), "sft": to_dict(cfg),
-                    "base_model": json.loads(base_cfg.read_text()) if base_cfg.exists() else None}
-        save_pretrained(result.model, tok, out, resolved)
-        write_json(st.args.plots, [{"step": int(h["step"]), **{k: _num(h[k]) for k in PLOT_KEYS}}
-                                   for h in result.history])
-        metrics = _metrics(records, examples, truncated, result)
+        out = save_trained(result.model, tok, st.args.out, {"common": to_dict(st.params.common), "sft": to_dict(cfg)},
+                           st.args.base, "base_model")
+        write_json(st.args.plots, result.plot_rows())
+        metrics = result.metrics(examples, truncated, [r["domain"] for r in records])
         log.info("sft: %d steps, %.0f tokens/s, loss %.3f -> %.3f", result.steps, result.tokens_per_s,
                  result.first_loss, result.final_loss)
-        version = register_model(out, cfg.register_as, {"coa.stage": "sft"})
-        st.run.set_tags({"coa.registered_model": cfg.register_as,
-                         "coa.registered_version": version or "none"})
+        st.register(out, cfg.register_as)
         st.finish(metrics)
         shutil.rmtree(st.args.checkpoints, ignore_errors=True)
 

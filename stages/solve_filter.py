@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 
 import polars as pl
 
@@ -27,8 +26,10 @@ from coa.config import derive_seed
 from coa.evaluate import evaluate
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
+from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
+from coa.solve_filter import decide, select, summary
 from schemas import TASK_STATS_DTYPES, Task, TaskStats, Trajectory
-from stages._stage import Stage, engine_from, judge_from, tools_factory
+from stages._stage import Stage
 
 log = logging.getLogger("coa")
 
@@ -49,18 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         if overlap:
             raise SystemExit(f"solve_filter: {len(overlap)} RL candidates also have SFT trajectories "
                              f"(e.g. {overlap[:3]}); the curate splits must not overlap")
-        rejects: list[tuple[dict, str]] = []
-        todo, per_domain = [], Counter()
-        for task in candidates:
-            if task["task_id"] not in kept_ids:
-                rejects.append((task, "dropped by the difficulty filter (answerable closed-book)"))
-            elif task["domain"] not in cfg.domains:
-                rejects.append((task, f"domain {task['domain']} is not in solve_filter.domains"))
-            elif cfg.max_tasks and per_domain[task["domain"]] >= cfg.max_tasks:
-                rejects.append((task, f"beyond solve_filter.max_tasks={cfg.max_tasks} for {task['domain']}"))
-            else:
-                per_domain[task["domain"]] += 1
-                todo.append(task)
+        todo, rejects = select(candidates, kept_ids, cfg)
         if not todo:
             raise SystemExit("solve_filter: no RL tasks to sample; check solve_filter.splits/domains and the "
                              "difficulty stage's output")
@@ -70,43 +60,21 @@ def main(argv: list[str] | None = None) -> None:
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
                             seed=derive_seed(st.params.common.seed, "solve_filter"))
         start = time.perf_counter()
-        result = evaluate(engine, todo, cfg.k, sampling, st.params.common.agent.limits(),
-                          tools_factory(st.params, st.args.index), judge=judge_from(st.params.common.judge))
+        result = evaluate(engine, todo, cfg.k, sampling, agent_limits(st.params.common.agent),
+                          tools_factory(st.params.common.tools, st.args.index), judge=judge_from(st.params.common.judge))
         sample_s = time.perf_counter() - start
 
-        solved = Counter()
-        for row in result.rows:
-            solved[row["task_id"]] += row["correct"]
-        rows = []
-        for task in todo:
-            c = solved[task["task_id"]]
-            keep = c < cfg.k and (c > 0 or not cfg.drop_unsolved)
-            rows.append({"task_id": task["task_id"], "domain": task["domain"], "split": task["split"],
-                         "n_samples": cfg.k, "n_correct": c, "r_q": c / cfg.k, "kept": keep})
-            if c == cfg.k:
-                rejects.append((task, f"too easy: the SFT policy solved it {c}/{cfg.k}"))
-            elif not keep:
-                rejects.append((task, f"unsolved: the SFT policy solved it 0/{cfg.k} (solve_filter.drop_unsolved)"))
+        rows, dropped = decide(todo, result.rows, cfg)
+        rejects += dropped
         table = pl.DataFrame(rows, schema=TASK_STATS_DTYPES).sort("task_id")
         write_table(table, st.args.stats, TaskStats)
         n_rejected = write_rejects(st.args.rejects, "solve_filter", rejects)
 
-        kept = table.filter(pl.col("kept"))
-        metrics = {"candidates": len(candidates), "sampled": table.height, "kept": kept.height,
-                   "left_out": left_out, "rejected": n_rejected, "k": cfg.k,
-                   "dropped_solved": int((table["n_correct"] == cfg.k).sum()),
-                   "dropped_unsolved": int(((table["n_correct"] == 0) & ~table["kept"]).sum()),
-                   "rollouts": len(result.rows), "sample_s": round(sample_s, 2),
-                   "rollouts_per_s": round(len(result.rows) / max(sample_s, 1e-9), 2)}
-        for name, group in [("", result.overall), *((f"{d}.", g) for d, g in result.per_domain.items())]:
-            for key in ("accuracy", f"pass@{cfg.k}", "format_ok", "tool_calls", "policy_tokens"):
-                metrics[f"{name}{key}"] = round(float(group[key]), 4)
-        for domain in sorted(per_domain):
-            metrics[f"{domain}.kept"] = int(kept.filter(pl.col("domain") == domain).height)
+        metrics = summary(len(candidates), table, left_out, n_rejected, result, sample_s, cfg.k)
         assert table.height + left_out == len(candidates)  # every candidate is a row or a reject
-        assert kept.height + n_rejected == len(candidates)
+        assert metrics["kept"] + n_rejected == len(candidates)
         log.info("solve_filter: %d of %d sampled RL tasks kept (%d solved k/k, %d solved 0/k); accuracy %.3f",
-                 kept.height, table.height, metrics["dropped_solved"], metrics["dropped_unsolved"],
+                 metrics["kept"], table.height, metrics["dropped_solved"], metrics["dropped_unsolved"],
                  metrics["accuracy"])
         st.finish(metrics)
 

@@ -33,6 +33,10 @@ def test_shipped_params_load(repo_root):
         ({"base.kind": "hf"}, r"base\.hf_path: kind=hf needs hf_path"),
         ({"base.tiny.num_attention_heads": 3}, r"base\.tiny\.num_attention_heads: must divide hidden_size"),
         ({"base.tokenizer.vocab_size": 1.5}, r"base\.tokenizer\.vocab_size: must be an integer"),
+        # a validator names only its field; the loader says where the section sits (engines are in many stages)
+        ({"rl.engine.max_batch": 0}, r"^rl\.engine\.max_batch: must be >= 1"),
+        ({"eval.engine.max_batch": 0}, r"^eval\.engine\.max_batch: must be >= 1"),
+        ({"eval.sampling.web.top_p": 2.0}, r"^eval\.sampling\.web\.top_p: must be within"),
     ],
 )
 def test_bad_values_name_the_key(repo_root, overrides, message):

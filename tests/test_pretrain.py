@@ -2,9 +2,8 @@
 import polars as pl
 
 from coa.model import train_tokenizer
-from coa.pretrain import CUE, copy_examples
+from coa.pretrain import CUE, copy_examples, pretrain_texts
 from coa.tasks import generate_world
-from stages.base import pretrain_texts
 
 TEXTS = ["What is the remainder when 68^1927 is divided by 37?", "Who founded Krorsolm Books?",
          "Define a function `unique_in_order(items: list[str]) -> list` which keeps the first spelling."]

@@ -15,6 +15,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from coa import sft
 from coa import train as T
+from coa import trainkit as K
 from coa import zero as Z
 from coa.config import DeepSpeedConfig, SftConfig
 from coa.model import train_tokenizer
@@ -135,7 +136,7 @@ def test_data_order_covers_each_epoch_once_and_is_seeded():
 def test_collate_rows_is_collate_packed_without_the_mask(examples):
     rows = sft.pack(examples, 512)[:3]
     a = sft.collate_packed(examples, rows, 512, pad_id=0)
-    b = T.collate_rows(examples, rows, 512, pad_id=0)
+    b = K.collate_rows(examples, rows, 512, pad_id=0)
     for name in ("input_ids", "labels", "position_ids", "weights", "segment_ids"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert b.attention_mask.numel() == 0 and a.n_samples == b.n_samples
@@ -152,9 +153,9 @@ def test_varlen_and_mask_attention_give_coa_sft_token_loss(tok, examples):
         reference = sft.token_loss(model(**batch.model_inputs()).logits, batch.labels, batch.weights)
         total_w = float((batch.weights[:, 1:] * (batch.labels[:, 1:] != -100)).sum())
         s_mask, n = T.batch_loss(model, batch, "mask", torch.float32)
-        with T.attention_impl(model, "varlen"):
+        with K.attention_impl(model, "varlen"):
             s_var, n2 = T.batch_loss(
-                model, T.collate_rows(examples, rows, 512, tok.pad_token_id), "varlen", torch.float32
+                model, K.collate_rows(examples, rows, 512, tok.pad_token_id), "varlen", torch.float32
             )
     assert model.config._attn_implementation == "sdpa"  # restored
     assert n == n2 == int((batch.labels[:, 1:] != -100).sum())
@@ -182,8 +183,8 @@ def test_observation_tokens_are_never_targets(tok):
     def loss_and_grad(ids: list[int]) -> tuple[float, torch.Tensor]:
         model.zero_grad()
         e = sft.Example(ids, ex.loss_mask, 1.0)
-        with T.attention_impl(model, "varlen"):
-            s, _ = T.batch_loss(model, T.collate_rows([e], [[0]], len(e), 0), "varlen", torch.float32)
+        with K.attention_impl(model, "varlen"):
+            s, _ = T.batch_loss(model, K.collate_rows([e], [[0]], len(e), 0), "varlen", torch.float32)
         s.backward()
         return float(s.detach()), model.model.layers[0].mlp.up_proj.weight.grad.clone()
 
@@ -197,17 +198,17 @@ def test_observation_tokens_are_never_targets(tok):
 def test_sample_weights_weight_the_token_mean(tok, examples):
     model = tiny_model(tok).eval()
     a, b = examples[1], examples[2]
-    with torch.no_grad(), T.attention_impl(model, "varlen"):
+    with torch.no_grad(), K.attention_impl(model, "varlen"):
 
         def s(e):
             return float(
-                T.batch_loss(model, T.collate_rows([e], [[0]], len(e), 0), "varlen", torch.float32)[0]
+                T.batch_loss(model, K.collate_rows([e], [[0]], len(e), 0), "varlen", torch.float32)[0]
             )
 
         sa, sb = s(a), s(b)
         heavy = sft.Example(a.input_ids, a.loss_mask, 3.0)
         both, _ = T.batch_loss(
-            model, T.collate_rows([heavy, b], [[0, 1]], len(a) + len(b), 0), "varlen", torch.float32
+            model, K.collate_rows([heavy, b], [[0, 1]], len(a) + len(b), 0), "varlen", torch.float32
         )
     wa, wb = T.target_weight(a), T.target_weight(b)
     assert T.target_weight(heavy) == 3 * wa

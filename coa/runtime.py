@@ -1,0 +1,70 @@
+"""The objects an agentic stage builds from its params sections: engine, judge, tools, agent limits.
+
+    from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
+    engine = engine_from(params.eval.engine, "models/sft")        # hf, vllm or openai
+    judge = judge_from(params.common.judge)                        # None unless enabled
+    tools = tools_factory(params.common.tools, "data/index")       # a fresh ToolSession per trajectory
+    limits = agent_limits(params.common.agent)                     # coa.rollout.types.Limits
+
+One floor above coa.config (which knows nothing of rollouts) and the parts it builds (coa.rollout,
+coa.rewards, coa.tools, coa.teacher.chat); the stages and `coa solve` call it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coa.config import AgentLimitsConfig, JudgeConfig, ToolsConfig
+from coa.rollout.types import Limits
+
+
+def agent_limits(cfg: AgentLimitsConfig) -> Limits:
+    """The rollout limits of `common.agent`."""
+    return Limits(max_turns=cfg.max_turns, max_tool_calls=cfg.max_tool_calls,
+                  max_turn_tokens=cfg.max_turn_tokens, max_total_tokens=cfg.max_total_tokens)
+
+
+def engine_from(cfg: Any, model_path: str) -> Any:
+    """A rollout engine from an `engine:` params section (coa.config.EngineConfig) and a model folder; its
+    rollouts report progress (coa.progress.tracked)."""
+    from coa.progress import tracked
+    from coa.rollout import make_engine
+
+    if cfg.kind == "hf":
+        device = "cuda" if _cuda() else "cpu"
+        engine = make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device)
+    elif cfg.kind == "vllm":
+        engine = make_engine("vllm", model_path, dtype=cfg.dtype)
+    else:
+        engine = make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
+                             api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)
+    return tracked(engine, f"{cfg.kind} rollouts of {model_path}")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def judge_from(cfg: JudgeConfig) -> Any:
+    """The LLM judge of web answers from `common.judge` (coa.rewards.LLMJudge), or None when disabled."""
+    if not cfg.enabled:
+        return None
+    from coa.rewards import LLMJudge
+    from coa.teacher.chat import ChatClient
+
+    client = ChatClient(cfg.base_url, cfg.model, cfg.api_key_env, timeout_s=cfg.timeout_s,
+                        max_retries=cfg.max_retries, max_concurrency=cfg.max_concurrency, temperature=0.0,
+                        max_tokens=256)
+    return LLMJudge(client, max_attempts=cfg.max_attempts)
+
+
+def tools_factory(cfg: ToolsConfig, index_dir: str) -> Any:
+    """``tools(request)`` for rollouts: a fresh ToolSession per trajectory over `common.tools` (cfg)."""
+    from coa.tools import ToolSession, build_tools
+
+    tools = build_tools(cfg, index_dir=index_dir)
+    cap = cfg.max_observation_chars
+    return lambda _request: ToolSession(tools, cap)
+

@@ -1,0 +1,77 @@
+"""The solve filter's decisions (the solve_filter stage): which RL candidates to sample, which to keep.
+
+    todo, rejects = select(candidates, kept_ids, cfg)              # cfg: coa.config.SolveFilterConfig
+    result = coa.evaluate.evaluate(engine, todo, cfg.k, ...)       # k rollouts of the SFT policy per task
+    rows, dropped = decide(todo, result.rows, cfg)                 # rows of data/rl_tasks.parquet
+    summary(len(candidates), table, left_out, n_rejected, result, sample_s, cfg.k)   # metrics
+
+A candidate is sampled when the difficulty filter kept it, its domain is in `solve_filter.domains` and
+its domain has fewer than `max_tasks` sampled (the first by task_id); a sampled task solved k/k is dropped
+(it teaches RL nothing), and with `drop_unsolved` so is one solved 0/k. Every candidate left out or dropped
+is a reject with the reason, so candidates = rows + left out and kept + rejects = candidates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import polars as pl
+
+from coa.config import SolveFilterConfig
+
+
+def select(candidates: Sequence[dict[str, Any]], kept_ids: Collection[str],
+           cfg: SolveFilterConfig) -> tuple[list[dict[str, Any]], list[tuple[dict, str]]]:
+    """(the tasks to sample, (task, reason) for each candidate left out)."""
+    rejects: list[tuple[dict, str]] = []
+    todo, per_domain = [], Counter()
+    for task in candidates:
+        if task["task_id"] not in kept_ids:
+            rejects.append((task, "dropped by the difficulty filter (answerable closed-book)"))
+        elif task["domain"] not in cfg.domains:
+            rejects.append((task, f"domain {task['domain']} is not in solve_filter.domains"))
+        elif cfg.max_tasks and per_domain[task["domain"]] >= cfg.max_tasks:
+            rejects.append((task, f"beyond solve_filter.max_tasks={cfg.max_tasks} for {task['domain']}"))
+        else:
+            per_domain[task["domain"]] += 1
+            todo.append(task)
+    return todo, rejects
+
+
+def decide(todo: Sequence[dict[str, Any]], rollout_rows: Sequence[Mapping[str, Any]],
+           cfg: SolveFilterConfig) -> tuple[list[dict[str, Any]], list[tuple[dict, str]]]:
+    """(one TaskStats row per sampled task, (task, reason) for each one dropped) from the rollouts' rows."""
+    solved = Counter()
+    for row in rollout_rows:
+        solved[row["task_id"]] += row["correct"]
+    rows, rejects = [], []
+    for task in todo:
+        c = solved[task["task_id"]]
+        keep = c < cfg.k and (c > 0 or not cfg.drop_unsolved)
+        rows.append({"task_id": task["task_id"], "domain": task["domain"], "split": task["split"],
+                     "n_samples": cfg.k, "n_correct": c, "r_q": c / cfg.k, "kept": keep})
+        if c == cfg.k:
+            rejects.append((task, f"too easy: the SFT policy solved it {c}/{cfg.k}"))
+        elif not keep:
+            rejects.append((task, f"unsolved: the SFT policy solved it 0/{cfg.k} (solve_filter.drop_unsolved)"))
+    return rows, rejects
+
+
+def summary(n_candidates: int, table: pl.DataFrame, left_out: int, n_rejected: int, result: Any, sample_s: float,
+            k: int) -> dict[str, Any]:
+    """metrics/solve_filter.json; ``result`` is coa.evaluate.evaluate's result on the sampled tasks."""
+    kept = table.filter(pl.col("kept"))
+    metrics = {"candidates": n_candidates, "sampled": table.height, "kept": kept.height,
+               "left_out": left_out, "rejected": n_rejected, "k": k,
+               "dropped_solved": int((table["n_correct"] == k).sum()),
+               "dropped_unsolved": int(((table["n_correct"] == 0) & ~table["kept"]).sum()),
+               "rollouts": len(result.rows), "sample_s": round(sample_s, 2),
+               "rollouts_per_s": round(len(result.rows) / max(sample_s, 1e-9), 2)}
+    for name, group in [("", result.overall), *((f"{d}.", g) for d, g in result.per_domain.items())]:
+        for key in ("accuracy", f"pass@{k}", "format_ok", "tool_calls", "policy_tokens"):
+            metrics[f"{name}{key}"] = round(float(group[key]), 4)
+    for domain in sorted(set(table["domain"])):
+        metrics[f"{domain}.kept"] = int(kept.filter(pl.col("domain") == domain).height)
+    return metrics

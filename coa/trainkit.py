@@ -1,0 +1,197 @@
+"""The training kit shared by SFT (coa.train) and RL (coa.dapo): one definition of each piece.
+
+    from coa.trainkit import (attention_impl, autocast, build_optimizer, collate_rows, rng_state,
+                              seeded_stream, set_rng_state, target_logits, varlen_inputs)
+    optimizer = build_optimizer(model, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    order = seeded_stream(n_rows, start=0, count=8, epoch_seed=lambda e: 1000 + e)
+    batch = collate_rows(examples, rows, width, pad_id)          # packed rows, no [T, T] mask
+    with attention_impl(model, "varlen"), autocast(device, torch.bfloat16):
+        logits, target = target_logits(model, batch, varlen_inputs(batch))   # [N, V], [B, T-1]
+
+- ``seeded_stream``: the endless stream of seeded per-epoch permutations (SFT's rows per step, RL's
+  prompts per step); a position in it is a pure function of (epoch seeds, position), so a checkpoint
+  stores only how far it got.
+- ``target_logits``: logits only where a target token follows (``logits_to_keep``): [N, V].
+- ``varlen_attention`` / ``attention_impl``: causal attention within each sample of a packed row.
+- ``rng_state`` / ``set_rng_state``: every generator, for exact resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from coa.sft import IGNORE_INDEX, Batch, Example, collate_packed
+
+VARLEN = "coa_varlen"
+Attention = Literal["varlen", "mask"]
+
+
+# ----------------------------------------------------------------------------- data order
+
+
+def seeded_stream(n: int, start: int, count: int, epoch_seed: Callable[[int], int]) -> list[int]:
+    """Indices ``start .. start+count`` of the chained per-epoch permutations of range(n); epoch e is
+    ``torch.randperm(n)`` under the seed ``epoch_seed(e)``."""
+    out, pos = [], start
+    while len(out) < count:
+        epoch, offset = divmod(pos, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(epoch_seed(epoch))).tolist()
+        take = perm[offset : offset + count - len(out)]
+        out.extend(take)
+        pos += len(take)
+    return out
+
+
+# ----------------------------------------------------------------------------- optimizer and precision
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, betas: Sequence[float], weight_decay: float,
+                    cpu_adam: bool = False) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on biases and norm weights)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    matrix = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]  # ZeRO-3 shards are flat
+    in_matrix = {id(p) for p in matrix}
+    rest = [p for p in params if id(p) not in in_matrix]
+    groups = [{"params": matrix, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    if cpu_adam:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, lr=lr, betas=tuple(betas), adamw_mode=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas))
+
+
+def autocast(dev: torch.device, dtype: torch.dtype | None) -> Any:
+    """``torch.autocast`` to ``dtype`` on ``dev``'s device type; no autocast when dtype is None."""
+    return torch.autocast(dev.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+# ----------------------------------------------------------------------------- packed rows and attention
+
+
+def collate_rows(examples: Sequence[Example], rows: Sequence[Sequence[int]], width: int,
+                 pad_id: int) -> Batch:
+    """coa.sft.collate_packed without the [B, 1, T, T] mask (attention_mask is an empty tensor), for the
+    varlen attention, which takes sample boundaries from segment_ids."""
+    return collate_packed(examples, rows, width, pad_id, mask=False)
+
+
+def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     coa_segments: list[tuple[list[int], list[bool]]] | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Causal attention within each sample of each row; a transformers attention function.
+
+    query: [B, H, T, D]; key, value: [B, Hkv, T, D]; coa_segments: per row, (run lengths summing to T,
+    whether each run is a sample (True) or padding). Returns ([B, T, H, D], None). Padding outputs are 0
+    (never targets, never attended to). Rows are split (not sliced) so the backward is one cat per row.
+    """
+    if coa_segments is None:  # plain causal attention over the row would mix its samples
+        raise RuntimeError(f"{type(module).__name__} did not pass coa_segments to its attention function; "
+                           "train this model with attention='mask'")
+    gqa = key.shape[1] != query.shape[1]
+    p = dropout if module.training else 0.0
+    rows = []
+    for q, k, v, (lengths, real) in zip(query.split(1), key.split(1), value.split(1), coa_segments,
+                                        strict=True):
+        parts = []
+        for qs, ks, vs, is_real in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), real,
+                                       strict=True):
+            if is_real:
+                parts.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=p, is_causal=True,
+                                                            scale=scaling, enable_gqa=gqa))
+            else:
+                parts.append(qs.new_zeros(qs.shape))
+        rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, 2))
+    out = rows[0] if len(rows) == 1 else torch.cat(rows, 0)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def segments(batch: Batch) -> list[tuple[list[int], list[bool]]]:
+    """Per row: lengths of the runs of equal segment id, and whether each run is a sample (not padding)."""
+    out = []
+    for row in batch.segment_ids:
+        values, counts = torch.unique_consecutive(row, return_counts=True)
+        out.append((counts.tolist(), (values >= 0).tolist()))
+    return out
+
+
+@contextmanager
+def attention_impl(model: torch.nn.Module, attention: Attention):
+    """Run the model with the varlen attention for the duration of the block (the config is restored)."""
+    if attention != "varlen":
+        yield
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN, varlen_attention)
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = VARLEN
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def varlen_inputs(batch: Batch) -> dict[str, Any]:
+    """The model inputs of a batch collated by ``collate_rows``, for the varlen attention."""
+    return {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "coa_segments": segments(batch)}
+
+
+def target_logits(model: Any, batch: Batch, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [N, V] at the N positions followed by a target token, in position order; target [B, T-1]:
+    whether token t+1 is a target). ``batch.labels[:, 1:][target]`` are the N target ids."""
+    target = batch.labels[:, 1:] != IGNORE_INDEX  # [B, T-1]: token t+1 is a target
+    keep = torch.zeros_like(batch.labels, dtype=torch.bool)
+    keep[:, :-1] = target
+    logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits  # [N, V]
+    return logits, target
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def json_number(x: float | None) -> float | None:
+    """A metric for JSON: rounded to 6 decimals; None for None, NaN and infinities."""
+    return round(float(x), 6) if x is not None and math.isfinite(x) else None
+
+
+def save_trained(model: torch.nn.Module, tokenizer: Any, out: str | Path, resolved: dict[str, Any], parent: str | Path,
+                 parent_key: str) -> Path:
+    """Write ``out`` afresh (coa.model.save_pretrained) with the resolved config beside the weights: ``resolved``
+    (common and the stage's section) and, under ``parent_key``, the starting model's resolved config."""
+    from coa.model import RESOLVED_CONFIG, save_pretrained
+
+    out = Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    parent_cfg = Path(parent) / RESOLVED_CONFIG
+    resolved = {**resolved, parent_key: json.loads(parent_cfg.read_text()) if parent_cfg.exists() else None}
+    save_pretrained(model, tokenizer, out, resolved)
+    return out

@@ -1,0 +1,50 @@
+"""The training kit shared by SFT and RL: the seeded stream, the optimizer groups, target logits, RNG state."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from coa.sft import Example
+from coa.trainkit import build_optimizer, collate_rows, rng_state, seeded_stream, set_rng_state, target_logits
+
+
+def test_seeded_stream_is_a_pure_function_of_position():
+    seeds = lambda e: 100 + e  # noqa: E731
+    whole = seeded_stream(7, 0, 21, seeds)
+    assert [whole[i : i + 7] for i in (0, 7, 14)] != [whole[:7]] * 3  # each epoch its own order
+    assert all(sorted(whole[i : i + 7]) == list(range(7)) for i in (0, 7, 14))  # each epoch a permutation
+    assert seeded_stream(7, 5, 9, seeds) == whole[5:14]  # a chunk equals that slice of the stream
+    assert seeded_stream(7, 0, 7, lambda e: 200 + e) != whole[:7]
+
+
+def test_build_optimizer_decays_matrices_only():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    opt = build_optimizer(model, lr=0.1, betas=(0.9, 0.95), weight_decay=0.5)
+    decay = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.5 for p in g["params"]}
+    assert decay == {id(model[0].weight)}
+    assert opt.param_groups[0]["lr"] == 0.1 and opt.param_groups[0]["betas"] == (0.9, 0.95)
+
+
+def test_target_logits_only_where_a_target_follows():
+    examples = [Example([1, 2, 3, 4], [0, 0, 1, 1], 1.0), Example([5, 6, 7], [0, 1, 0], 1.0)]
+    batch = collate_rows(examples, [[0, 1]], 7, pad_id=0)
+    seen = {}
+
+    def model(input_ids, logits_to_keep, use_cache):
+        seen["keep"] = logits_to_keep
+        logits = torch.arange(7.0)[None, :, None].expand(1, 7, 2)  # [B, T, V]: position t's logits are t
+        return type("Out", (), {"logits": logits[logits_to_keep]})
+
+    logits, target = target_logits(model, batch, {"input_ids": batch.input_ids})
+    assert batch.labels[:, 1:][target].tolist() == [3, 4, 6]  # the policy's tokens
+    assert logits[:, 0].tolist() == [1.0, 2.0, 4.0]  # the positions that predict them
+    assert seen["keep"][0, -1].item() is False
+
+
+def test_rng_state_round_trip():
+    state = rng_state()
+    a = (torch.rand(2).tolist(), random.random())
+    set_rng_state(state)
+    assert (torch.rand(2).tolist(), random.random()) == a
