@@ -8,7 +8,7 @@ the stage's own loop and schedule), snapshots the policy when its training time 
 evaluates every snapshot like the eval stage does (coa.evaluate on the eval split: the agent loop with its
 tools, ``common.agent`` limits, ``eval.sampling``, k samples per task) on the first ``--per-domain`` eval
 tasks of each domain. Prints one line per snapshot and domain (accuracy with its 95% CI, format_ok, tool
-calls) and writes rows ``{minutes, domain, accuracy, ci_low, ci_high, format_ok, tool_calls, step, loss}``
+calls) and writes rows ``{minutes, domain, model (the series), accuracy, ci_low, ci_high, format_ok, tool_calls, step, loss}``
 to ``--out`` (plots/learning.json, shown by ``dvc plots show``). Needs the pipeline's outputs up to distill
 (``dvc repro distill``). Snapshots of one run, not separate runs: the 1-minute point has a learning rate
 still high in its cosine schedule.
@@ -124,7 +124,7 @@ def main() -> None:
                 lo, hi = r["accuracy_ci95"]
                 print(f"  {domain:5s} acc {r['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]  format_ok {r['format_ok']:.3f}  "
                       f"tool calls {r['tool_calls']:.2f}  tokens {r['policy_tokens']:.0f}  finish {r['finish']}")
-                rows.append({"minutes": minutes, "domain": domain, "accuracy": round(r["accuracy"], 4),
+                rows.append({"minutes": minutes, "domain": domain, "model": f"sft {domain}", "accuracy": round(r["accuracy"], 4),
                              "ci_low": round(lo, 4), "ci_high": round(hi, 4), "format_ok": round(r["format_ok"], 4),
                              "tool_calls": round(r["tool_calls"], 3), "step": step, "loss": round(loss, 4)})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -227,6 +227,9 @@ class DistillConfig:
     retry_rounds: int = _help(
         "Rounds that run again the tasks whose teacher backend could not be reached (after the chat client's own "
         "retries), waiting 1 s, 2 s, 4 s, ... (at most 60 s) before each.", default=2)
+    heldout_tasks: int = _help(
+        "Eval-split tasks per domain the teacher also runs, kept apart (data/heldout.parquet, never trained on): "
+        "the sft stage's teacher-forced diagnostics (coa.diagnostics).", default=30)
     max_error_share: float = _help(
         "Share of tasks whose backend still failed after the retries that may be left out (rejected as "
         "teacher_error, counted in metrics); above it the stage fails, so the next `dvc repro` redoes them.",
@@ -237,6 +240,7 @@ class DistillConfig:
         _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
         _require(self.workers >= 1, "workers", "must be >= 1")
         _require(self.retry_rounds >= 0, "retry_rounds", "must be >= 0")
+        _require(self.heldout_tasks >= 1, "heldout_tasks", "must be >= 1 (the sft stage's diagnostics need some)")
         _require(0 <= self.max_error_share < 1, "max_error_share", "must be in [0, 1) (0: any outage fails the stage)")
 
 

@@ -8,7 +8,9 @@
 
 Every finished task is also written to the resume cache (`--cache`, keyed by the task, the seed, the
 teacher's params and source), so an interrupted run (or an HTTP teacher that failed half-way) redoes
-only what did not finish. Counts reconcile: transcripts = trajectories + rejects.
+only what did not finish. Counts reconcile: transcripts = trajectories + rejects. The teacher also runs
+`distill.heldout_tasks` eval tasks per domain, kept apart in `--heldout` (never trained on): the sft
+stage's teacher-forced diagnostics.
 
 A task whose team could not reach its backend (the chat client's retries spent) is an outage, not a
 wrong answer: it is run again for `distill.retry_rounds` rounds with backoff; if more than
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
                                         "base": "policy folder (its tokenizer counts tokens)",
                                         "cache": "resume cache folder"},
                outputs={"transcripts": "transcripts (parquet)", "trajectories": "trajectories (parquet)",
+                        "heldout": "trajectories of distill.heldout_tasks eval tasks per domain, never trained on",
                         "rejects": "rejects (parquet)", "export": "exports folder", "metrics": "figures (JSON)"}) as st:
         cfg, seed = st.params.distill, st.params.common.seed
         kept = read_table(st.args.difficulty, TaskStats).filter(pl.col("kept")).select("task_id")
@@ -69,19 +72,23 @@ def main(argv: list[str] | None = None) -> None:
         count = token_counter(AutoTokenizer.from_pretrained(st.args.base))
         try:
             result = distill_tasks(tasks.to_dicts(), teacher, cfg, seed, Path(st.args.cache),
-                                   _cache_salt(st.params, st.args.index), count)
+                                   salt := _cache_salt(st.params, st.args.index), count)
+            evals = read_table(st.args.tasks, Task).filter(pl.col("split") == "eval").sort("task_id")
+            evals = pl.concat([p.head(cfg.heldout_tasks) for _, p in evals.group_by("domain", maintain_order=True)])
+            held = distill_tasks(evals.to_dicts(), teacher, cfg, seed, Path(st.args.cache), salt, count)
         except TeacherOutage as err:
             raise SystemExit(str(err)) from None
 
         write_table(pl.DataFrame(result.transcripts, schema=TRANSCRIPT_DTYPES), st.args.transcripts, TranscriptSchema)
         write_table(pl.DataFrame(result.kept, schema=TRAJECTORY_DTYPES), st.args.trajectories, Trajectory)
+        write_table(pl.DataFrame(held.kept, schema=TRAJECTORY_DTYPES), st.args.heldout, Trajectory)
         write_rejects(st.args.rejects, "distill", result.rejects)
         export = Path(st.args.export)
         (export / "llamafactory").mkdir(parents=True, exist_ok=True)
         (export / "sharegpt.jsonl").write_text(jsonl(sharegpt_records(result.kept)))
         (export / "llamafactory" / "coa_sft.jsonl").write_text(jsonl(llamafactory_records(result.kept)))
         write_json(export / "llamafactory" / "dataset_info.json", llamafactory_dataset_info("coa_sft.jsonl"))
-        st.finish({**result.metrics(), "skipped_too_easy": too_easy})
+        st.finish({**result.metrics(), "skipped_too_easy": too_easy, "heldout_kept": len(held.kept)})
 
 
 if __name__ == "__main__":

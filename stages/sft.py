@@ -9,7 +9,9 @@ policy's own tokens only (coa.sft), weighted by the trajectory's weight. The tra
 coa.train.train_sft; every `sft.checkpoint_every` steps it writes a resumable checkpoint under
 `--checkpoints`, so a killed run started again continues where it stopped (and ends bitwise equal);
 the folder is removed once the model is written. Step metrics (loss, lr, grad norm, tokens/s) go to
-MLflow and the loss curve to `--plots`; the model is logged and registered as `sft.register_as`.
+MLflow and the loss curve to `--plots`; `heldout.*` metrics are coa.diagnostics.teacher_forced on
+`--heldout` (teacher trajectories of eval tasks, never trained on): token, answer and copied-token
+accuracy; the model is logged and registered as `sft.register_as`.
 
 Many GPUs: set `sft.deepspeed.enabled: true` and `dist_backend: nccl` (configs/paper.yaml), then
 
@@ -29,6 +31,7 @@ import time
 from contextlib import nullcontext
 
 from coa.config import derive_seed, to_dict
+from coa.diagnostics import teacher_forced
 from coa.io import read_table, write_json
 from coa.model import load_pretrained
 from coa.train import encode_trajectories, train_sft
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     # the deepspeed launcher appends --local_rank=N unless given --no_local_rank; LOCAL_RANK is in the env
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
     inputs = {"trajectories": "SFT trajectories (parquet)", "base": "starting policy folder",
+              "heldout": "teacher trajectories of eval tasks, never trained on (parquet): diagnostics",
               "checkpoints": "resume checkpoints folder (removed after a finished run)"}
     st = Stage("sft", argv, inputs=inputs,
                outputs={"out": "the fine-tuned policy (HF folder)", "metrics": "figures (JSON)",
@@ -79,6 +83,10 @@ def main(argv: list[str] | None = None) -> None:
                            st.args.base, "base_model")
         write_json(st.args.plots, result.plot_rows())
         metrics = result.metrics(examples, truncated, [r["domain"] for r in records])
+        heldout = read_table(st.args.heldout, Trajectory).sort("task_id").to_dicts()
+        if {r["task_id"] for r in heldout} & {r["task_id"] for r in records}:
+            raise SystemExit(f"{st.args.heldout} shares tasks with {st.args.trajectories}: it must hold eval tasks only")
+        metrics.update({f"heldout.{k}": v for k, v in teacher_forced(result.model, tok, heldout, cfg.max_len).items()})
         log.info("sft: %d steps, %.0f tokens/s, loss %.3f -> %.3f", result.steps, result.tokens_per_s,
                  result.first_loss, result.final_loss)
         st.register(out, cfg.register_as)
