@@ -59,6 +59,8 @@ def write_inputs(root: Path, n: int = 24) -> dict[str, Path]:
         )
     traj = root / "data" / "trajectories.parquet"
     write_table(pl.DataFrame(rows, schema=TRAJECTORY_DTYPES), traj, Trajectory)
+    held = [{**r, "task_id": f"eval-{r['task_id']}"} for r in rows[:3]]  # the diagnostics' held-out tasks
+    write_table(pl.DataFrame(held, schema=TRAJECTORY_DTYPES), root / "data" / "heldout.parquet", Trajectory)
     texts = (
         [r["trajectory"] for r in rows]
         + [r["prompt"] for r in rows]
@@ -101,6 +103,8 @@ def args(root: Path, out: str = "models/sft") -> list[str]:
         str(root / "params.yaml"),
         "--trajectories",
         str(root / "data/trajectories.parquet"),
+        "--heldout",
+        str(root / "data/heldout.parquet"),
         "--base",
         str(root / "models/base"),
         "--checkpoints",
@@ -129,6 +133,8 @@ def test_sft_stage_writes_model_metrics_plot_and_registers(tmp_path, monkeypatch
     assert metrics["web.examples"] == metrics["math.examples"] == 12
     assert metrics["final_loss"] < metrics["first_loss"] and metrics["tokens_per_s"] > 0
     assert 0 < metrics["target_fraction"] < 1 and metrics["tokens_trained"] == 2 * metrics["dataset_tokens"]
+    assert metrics["heldout.trajectories"] == 3 and 0 <= metrics["heldout.copy_accuracy"] <= 1
+    assert metrics["heldout.token_tokens"] > 0  # target tokens the accuracy is over
     plot = json.loads((tmp_path / "plots/sft_loss.json").read_text())
     assert [p["step"] for p in plot] == list(range(1, metrics["steps"] + 1))
     assert set(plot[0]) == {"step", "loss", "lr", "grad_norm", "epoch"}
