@@ -29,9 +29,8 @@ from coa.config import derive_seed, load_params
 from coa.device import cpu_capability
 from coa.evaluate import evaluate
 from coa.model import load_pretrained, save_pretrained
-from coa.rollout import Sampling, make_engine
-from coa.runtime import agent_limits
-from coa.tools import ToolSession, build_tools
+from coa.rollout import Sampling
+from coa.runtime import agent_limits, engine_from, tools_factory
 from coa.train import encode_trajectories, train_sft
 
 
@@ -42,21 +41,17 @@ def eval_tasks(tasks_path: str, per_domain: int) -> list[dict]:
 
 
 def evaluate_policy(path: str, tasks: list[dict], k: int, params, index_dir: str) -> dict[str, dict]:
-    """Per domain (and overall): the eval stage's figures for the policy in folder ``path``."""
-    tools = build_tools(params.common.tools, index_dir=index_dir)
-    engine = make_engine("hf", path, dtype=params.eval.engine.dtype, max_batch=params.eval.engine.max_batch)
+    """Per domain: the eval stage's figures (coa.evaluate's overall section) for the policy in folder ``path``."""
+    tools = tools_factory(params.common.tools, index_dir)
+    engine = engine_from(params.eval.engine, path)
     out: dict[str, dict] = {}
-    rows = []
     for domain in ("web", "math", "code"):
         part = [t for t in tasks if t["domain"] == domain]
         if not part:
             continue
         s = params.eval.sampling[domain]
-        res = evaluate(engine, part, k, Sampling(temperature=s.temperature, top_p=s.top_p, seed=1),
-                       agent_limits(params.common.agent),
-                       lambda _r: ToolSession(tools, params.common.tools.max_observation_chars))
-        out[domain] = res.overall
-        rows += res.rows
+        out[domain] = evaluate(engine, part, k, Sampling(temperature=s.temperature, top_p=s.top_p, seed=1),
+                               agent_limits(params.common.agent), tools).overall
     return out
 
 
