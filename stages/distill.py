@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
                         "rejects": "rejects (parquet)", "export": "exports folder", "metrics": "figures (JSON)"}) as st:
         cfg, seed = st.params.distill, st.params.common.seed
         kept = read_table(st.args.difficulty, TaskStats).filter(pl.col("kept")).select("task_id")
-        tasks = read_table(st.args.tasks, Task).filter(pl.col("split").is_in(cfg.splits)).sort("task_id")
+        every = read_table(st.args.tasks, Task).sort("task_id")
+        tasks = every.filter(pl.col("split").is_in(cfg.splits))
         too_easy = tasks.height
         tasks = tasks.join(kept, on="task_id", how="semi")
         too_easy -= tasks.height
@@ -73,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             result = distill_tasks(tasks.to_dicts(), teacher, cfg, seed, Path(st.args.cache),
                                    salt := _cache_salt(st.params, st.args.index), count)
-            evals = read_table(st.args.tasks, Task).filter(pl.col("split") == "eval").sort("task_id")
-            evals = pl.concat([p.head(cfg.heldout_tasks) for _, p in evals.group_by("domain", maintain_order=True)])
+            evals = every.filter(pl.col("split") == "eval")
+            evals = evals.group_by("domain", maintain_order=True).head(cfg.heldout_tasks)
             held = distill_tasks(evals.to_dicts(), teacher, cfg, seed, Path(st.args.cache), salt, count)
         except TeacherOutage as err:
             raise SystemExit(str(err)) from None

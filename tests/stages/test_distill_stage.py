@@ -54,7 +54,7 @@ def write_params(root: Path, base_url: str, *, max_retries: int, retry_rounds: i
 def argv(root: Path) -> list[str]:
     paths = {"tasks": "data/tasks.parquet", "difficulty": "data/difficulty.parquet", "index": "data/index",
              "base": "models/base", "transcripts": "data/transcripts.parquet",
-             "trajectories": "data/trajectories.parquet", "rejects": "data/rejects/distill.parquet",
+             "trajectories": "data/trajectories.parquet", "heldout": "data/heldout.parquet", "rejects": "data/rejects/distill.parquet",
              "export": "data/export", "cache": ".cache/distill", "metrics": "metrics/distill.json"}
     return ["--params", str(root / "params.yaml"), *[x for k, v in paths.items() for x in (f"--{k}", str(root / v))]]
 
