@@ -11,22 +11,56 @@ their billed tokens per task to the teacher's.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from coa.evaluate import summarize
 
 
+def task_slices(tasks: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Each task's slices of the eval breakdown, from its world meta: a web question's kind and hop count
+    (``web.kind.depth``, ``web.hops.3``), a math or code task's family (``math.family.modular``)."""
+    out = {}
+    for task in tasks:
+        meta = json.loads(task.get("meta") or "{}")
+        domain, labels = task["domain"], []
+        if domain == "web":
+            labels += [f"web.{key}.{meta[key]}" for key in ("kind", "hops") if key in meta]
+        elif "kind" in meta:
+            labels.append(f"{domain}.family.{meta['kind']}")
+        out[task["task_id"]] = labels
+    return out
+
+
 def eval_metrics(rows: list[dict[str, Any]], models: list[str], k: int, n_boot: int, seed: int,
-                 timings: dict[str, float]) -> dict[str, dict[str, float]]:
-    """metrics/eval.json: one flat section per model (rows carry model and group)."""
+                 timings: dict[str, float], slices: Mapping[str, list[str]] | None = None) -> dict[str, dict[str, float]]:
+    """metrics/eval.json: one flat section per model (rows carry model and group); with ``slices``
+    (coa.report.task_slices of the eval tasks), also each slice's accuracy and task count on the eval split."""
     metrics: dict[str, Any] = {name: _section([r for r in rows if r["model"] == name], k, n_boot, seed)
                                for name in models}
+    for name in models:
+        metrics[name].update(_slice_accuracy([r for r in rows if r["model"] == name and r["group"] == "eval"],
+                                             slices or {}))
     teacher_tokens = metrics.get("teacher", {}).get("tokens_per_task")
     for name in models:
         metrics[name]["eval_s"] = timings[name]
         if teacher_tokens and name != "teacher" and "tokens_per_task" in metrics[name]:
             metrics[name]["cost_ratio_vs_teacher"] = round(metrics[name]["tokens_per_task"] / teacher_tokens, 4)
     return metrics
+
+
+def _slice_accuracy(rows: list[dict[str, Any]], slices: Mapping[str, list[str]]) -> dict[str, float]:
+    """``slice.<label>.accuracy`` (mean over attempts) and ``slice.<label>.tasks`` per slice label."""
+    parts: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        for label in slices.get(r["task_id"], []):
+            parts.setdefault(label, []).append(r)
+    out = {}
+    for label, part in sorted(parts.items()):
+        out[f"slice.{label}.accuracy"] = round(sum(bool(r["correct"]) for r in part) / len(part), 4)
+        out[f"slice.{label}.tasks"] = len({r["task_id"] for r in part})
+    return out
 
 
 def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, float]:

@@ -25,6 +25,7 @@ from coa.config import derive_seed, to_dict
 from coa.format import TAGS
 from coa.io import read_table
 from coa.pretrain import pretrain_copy, pretrain_texts
+from coa.prompts import system_prompt
 from schemas import Document, Task
 from stages._stage import Stage
 
@@ -32,11 +33,15 @@ log = logging.getLogger("coa")
 
 
 def tokenizer_texts(tasks: pl.DataFrame, corpus: pl.DataFrame) -> Iterator[str]:
-    """What the tokenizer learns from: pages, and sft/rl questions, answers and tests (no eval)."""
+    """What the tokenizer learns from: pages, and sft/rl questions, answers and tests (no eval), and each
+    training task's system text, as often as training shows it (once per task): its words become whole
+    tokens (at vocab 4,096 a math example, system text to answer, drops from 613 to 508 tokens; code 701 -> 603,
+    web 1,392 -> 1,262)."""
     yield from corpus["title"]
     yield from corpus["text"]
     train = tasks.filter(pl.col("split") != "eval")
     yield from train["question"]
+    yield from (system_prompt(domain) for domain in train["domain"])
     for answers, tests in zip(train["answers"], train["tests"], strict=True):
         yield from answers
         yield from tests

@@ -34,7 +34,7 @@ from coa.evaluate import evaluate
 from coa.io import read_table, write_table
 from coa.metrics import token_counter
 from coa.plots import publish
-from coa.report import eval_metrics
+from coa.report import eval_metrics, task_slices
 from coa.rollout.types import Sampling
 from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
         renamed = {"tool_calls": "n_tool_calls", "turns": "n_turns"}  # the table's names for evaluate's keys
         table = pl.DataFrame([{k: r[renamed.get(k, k)] for k in EVAL_DTYPES} for r in rows], schema=EVAL_DTYPES)
         write_table(table.sort("model", "group", "task_id", "sample"), st.args.rows, EvalRow)
-        metrics = eval_metrics(rows, [name for name, _ in models], cfg.k, cfg.n_boot, seed, timings)
+        metrics = eval_metrics(rows, [name for name, _ in models], cfg.k, cfg.n_boot, seed, timings,
+                               task_slices(sets["eval"]) if "eval" in sets else None)
         publish(st.run, metrics, st.args.plots, st.args.headline)
         log.info("eval: %s", "; ".join(f"{m} accuracy {s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, {s['accuracy_ci_high']:.3f}]"
                                        for m, s in metrics.items() if "accuracy" in s))

@@ -36,3 +36,19 @@ def test_pretraining_text_holds_no_eval_question():
     evals = set(tasks.filter(pl.col("split") == "eval")["question"])
     assert evals and texts and not evals & set(texts)
     assert set(texts) == set(tasks.filter(pl.col("split") != "eval")["question"])
+
+
+def test_tokenizer_text_holds_no_eval_question_and_the_system_text_once_per_training_task():
+    from coa.prompts import system_prompt
+    from stages.base import tokenizer_texts
+
+    splits = {"sft": 0.6, "rl": 0.25, "eval": 0.15}
+    rows = [r for kind in ("web", "math", "code") for r in generate_world(f"world:{kind}", 40, 5, splits)[0]]
+    tasks = pl.DataFrame([{k: r[k] for k in ("task_id", "domain", "question", "split", "answers", "tests")}
+                          for r in rows])
+    corpus = pl.DataFrame({"title": ["Krorsolm Books"], "text": ["Krorsolm Books was founded in 1901."]})
+    texts = list(tokenizer_texts(tasks, corpus))
+    train = tasks.filter(pl.col("split") != "eval")
+    assert not set(tasks.filter(pl.col("split") == "eval")["question"]) & set(texts)
+    for domain in ("web", "math", "code"):
+        assert texts.count(system_prompt(domain)) == train.filter(pl.col("domain") == domain).height > 0
