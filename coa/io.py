@@ -6,14 +6,16 @@
 
 A schema failure raises `ArtifactError` naming the artifact, the failing checks and a few failing
 rows; so does an artifact that is missing, truncated or not parquet at all (one line: the file and the
-fix). Rows a stage does not keep go to a rejects file (`write_rejects`) with the reason, so counts
+fix, naming the dvc.yaml stage whose outs hold it). Rows a stage does not keep go to a rejects file (`write_rejects`) with the reason, so counts
 always reconcile.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import fsspec
 import pandera.errors
 import polars as pl
+import yaml
 
 from schemas import Reject, polars_dtypes
 
@@ -29,7 +32,32 @@ class ArtifactError(ValueError):
     """An artifact is missing, unreadable (truncated, not parquet) or does not match its schema."""
 
 
-_FIX = "rerun the stage that writes it (`dvc repro -f -s STAGE`) or restore it from the DVC cache (`dvc checkout`)"
+_REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.lru_cache(maxsize=4)
+def _dvc_outs(dvc_yaml: Path, mtime_ns: int) -> tuple[tuple[str, str], ...]:
+    """(out, stage) for every out of every stage of ``dvc_yaml`` (read once per version of the file)."""
+    stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages") or {}
+    return tuple((os.path.normpath(next(iter(out)) if isinstance(out, dict) else out), name)
+                 for name, stage in stages.items() for out in (stage or {}).get("outs") or [])
+
+
+def _fix(path: str | Path) -> str:
+    """How to get ``path`` back: the stage of dvc.yaml (the cwd's, else the repo's) whose outs hold it."""
+    found = None
+    dvc_yaml = next((p for p in (Path("dvc.yaml"), _REPO / "dvc.yaml") if p.is_file()), None)
+    if dvc_yaml is not None and not _is_remote(path):
+        rel = os.path.relpath(Path(path).absolute())  # dvc.yaml's outs are relative to the cwd
+        try:
+            outs = _dvc_outs(dvc_yaml.resolve(), dvc_yaml.stat().st_mtime_ns)
+        except (OSError, yaml.YAMLError, AttributeError, TypeError):  # an unreadable dvc.yaml: say it generically
+            outs = ()
+        found = next(((stage, out) for out, stage in outs if rel == out or rel.startswith(out + os.sep)), None)
+    if found is None:
+        return "rerun the stage that writes it (`dvc repro`) or restore it from the DVC cache (`dvc checkout`)"
+    return (f"rerun the stage that writes it (`dvc repro -f -s {found[0]}`) or restore it from the DVC cache "
+            f"(`dvc checkout {found[1]}`)")
 
 
 def _is_remote(path: str | Path) -> bool:
@@ -77,7 +105,7 @@ def read_table(path: str | Path, schema: Any) -> pl.DataFrame:
         raise ArtifactError(f"{path}: no such artifact; run the stage that writes it (`dvc repro`)") from None
     except (pl.exceptions.PolarsError, OSError, ValueError) as err:  # truncated, not parquet, unreadable
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise ArtifactError(f"{path}: not a readable parquet file (truncated or corrupt: {reason}); {_FIX}") from None
+        raise ArtifactError(f"{path}: not a readable parquet file (truncated or corrupt: {reason}); {_fix(path)}") from None
     return validate(df, schema, str(path))
 
 

@@ -13,7 +13,9 @@ the SFT filters. A task whose team could not reach its backend (the chat client'
 outage, not a wrong answer: never cached, run again for `distill.retry_rounds` rounds with backoff; if more
 than `distill.max_error_share` of the tasks are still out, TeacherOutage is raised before any row is built
 (the stage exits 1, so DVC does not record it and the next `dvc repro` redoes just those tasks). Outages
-within the share are rejected as `teacher_error` and left out of teacher_accuracy.
+within the share are rejected as `teacher_error` and left out of teacher_accuracy. The eval rows
+(`teacher_rows`) get the same retry rounds, and any attempt still out raises TeacherOutage (no share: eval
+needs every attempt, and an outage scored as a wrong answer would understate the teacher).
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from coa.config import DistillConfig, ToolsConfig, derive_seed, to_dict
 from coa.distill import FILTERS, Filters, Shape, filter_reason, linearise, shape
@@ -88,25 +88,58 @@ def linearise_or_empty(t: Transcript) -> tuple[str, str | None]:
         return "", str(err)
 
 
-def teacher_rows(teacher: Teacher, tasks: list[dict[str, Any]], k: int, seed: int, count: Callable[[str], int],
-                 judge: Any = None, workers: int = 1) -> list[dict[str, Any]]:
-    """The teacher team on every task k times (fresh seeds from ``seed``), one eval row per attempt with
-    the keys of coa.evaluate's rows; tokens counted by ``count`` (the student's tokenizer)."""
+def _with_retry_rounds(pool: ThreadPoolExecutor, solve: Callable[[Any], tuple], jobs: list[Any], rounds: int,
+                      desc: str, unit: str) -> list[tuple]:
+    """``solve`` (its result: a tuple led by the Transcript) on every job in ``pool``, then the jobs whose team
+    could not reach its backend again, for ``rounds`` rounds, waiting 1 s, 2 s, 4 s, ... (at most 60 s) before each."""
+    results = list(progress(pool.map(solve, jobs), len(jobs), desc, unit))
+    for round_ in range(rounds):
+        out = [i for i, r in enumerate(results) if r[0].outage]
+        if not out:
+            break
+        wait_s = min(2.0**round_, 60.0)
+        log.warning("teacher: %d %s could not reach the backend (%s); retry round %d/%d in %.0f s",
+                    len(out), unit, results[out[0]][0].error, round_ + 1, rounds, wait_s)
+        time.sleep(wait_s)
+        for i, result in zip(out, pool.map(solve, [jobs[i] for i in out]), strict=True):
+            results[i] = result
+    return results
 
-    def attempt(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
+
+def _outage_message(stage: str, failed: int, total: int, unit: str, error: str | None, cfg: DistillConfig) -> str:
+    """The first part of TeacherOutage's one line: the count, the error and what to bring back."""
+    return (f"{stage}: {failed} of {total} {unit} failed: the teacher backend could not be reached ({error}); "
+            f"bring {describe_backend(cfg.teacher)} back (or fix distill.teacher), then run `dvc repro {stage}` again")
+
+
+def teacher_rows(teacher: Teacher, tasks: list[dict[str, Any]], k: int, seed: int, count: Callable[[str], int],
+                 cfg: DistillConfig, judge: Any = None) -> list[dict[str, Any]]:
+    """The teacher team on every task k times (fresh seeds from ``seed``; ``cfg.workers`` threads), one eval
+    row per attempt with the keys of coa.evaluate's rows; tokens counted by ``count`` (the student's
+    tokenizer). An attempt that could not reach the backend is no wrong answer: it is run again for
+    ``cfg.retry_rounds`` rounds, and if any is still out, TeacherOutage (eval needs all k attempts of a task)."""
+
+    def attempt(job: tuple[dict[str, Any], int]) -> tuple[Transcript, bool]:
         task, i = job
-        t, correct = teacher_attempt(teacher, task, derive_seed(seed, "eval", "teacher", task["task_id"], str(i)), judge)
-        text, _ = linearise_or_empty(t)
-        return {"task_id": task["task_id"], "sample": i, "domain": task["domain"],
-                "correct": correct, "answer": t.answer,
-                "parse_ok": bool(text) and format_ok(text, task["domain"]),
-                "finish": "error" if t.error else "answer", "billed_tokens": t.billed_tokens(count),
-                "generated_tokens": sum(count(c.output) for c in t.calls), "n_tool_calls": t.tool_calls,
-                "n_turns": len(t.calls), "text": text}
+        return teacher_attempt(teacher, task, derive_seed(seed, "eval", "teacher", task["task_id"], str(i)), judge)
 
     jobs = [(task, i) for task in tasks for i in range(k)]
-    with ThreadPoolExecutor(workers) as pool:
-        return list(progress(pool.map(attempt, jobs), len(jobs), "eval: teacher", "attempts"))
+    with ThreadPoolExecutor(cfg.workers) as pool:
+        results = _with_retry_rounds(pool, attempt, jobs, cfg.retry_rounds, "eval: teacher", "attempts")
+    outages = [t for t, _ in results if t.outage]
+    if outages:
+        raise TeacherOutage(_outage_message("eval", len(outages), len(jobs), "teacher attempts", outages[0].error, cfg)
+                            + "; or set eval.teacher: false to leave the teacher out.")
+    rows = []
+    for (task, i), (t, correct) in zip(jobs, results, strict=True):
+        text, _ = linearise_or_empty(t)
+        rows.append({"task_id": task["task_id"], "sample": i, "domain": task["domain"],
+                     "correct": correct, "answer": t.answer,
+                     "parse_ok": bool(text) and format_ok(text, task["domain"]),
+                     "finish": "error" if t.error else "answer", "billed_tokens": t.billed_tokens(count),
+                     "generated_tokens": sum(count(c.output) for c in t.calls), "n_tool_calls": t.tool_calls,
+                     "n_turns": len(t.calls), "text": text})
+    return rows
 
 
 # ----------------------------------------------------------------------------- the distill run
@@ -150,17 +183,7 @@ def distill_tasks(rows: list[dict[str, Any]], teacher: Teacher, cfg: DistillConf
 
     start = time.perf_counter()
     with ThreadPoolExecutor(cfg.workers) as pool:
-        results = list(tqdm(pool.map(solve, rows), total=len(rows), desc="distill", unit="task", mininterval=2))
-        for round_ in range(cfg.retry_rounds):
-            out = [i for i, (t, _, _) in enumerate(results) if t.outage]
-            if not out:
-                break
-            wait_s = min(2.0**round_, 60.0)
-            log.warning("teacher: %d task(s) could not reach the backend (%s); retry round %d/%d in %.0f s",
-                        len(out), results[out[0]][0].error, round_ + 1, cfg.retry_rounds, wait_s)
-            time.sleep(wait_s)
-            for i, result in zip(out, pool.map(solve, [rows[i] for i in out]), strict=True):
-                results[i] = result
+        results = _with_retry_rounds(pool, solve, rows, cfg.retry_rounds, "distill", "tasks")
     teacher_s = time.perf_counter() - start
     resumed = sum(r[2] for r in results)
     outages = [i for i, (t, _, _) in enumerate(results) if t.outage]
@@ -168,11 +191,10 @@ def distill_tasks(rows: list[dict[str, Any]], teacher: Teacher, cfg: DistillConf
              resumed, len(outages))
     if outages and len(outages) > cfg.max_error_share * len(rows):
         raise TeacherOutage(
-            f"distill: {len(outages)} of {len(rows)} tasks failed: the teacher backend could not be reached "
-            f"({results[outages[0]][0].error}); bring {describe_backend(cfg.teacher)} back (or fix "
-            f"distill.teacher), then run `dvc repro distill` again: the {len(rows) - len(outages)} finished tasks "
-            f"come from the resume cache {cache} and only the failed ones are redone (distill.max_error_share "
-            f"{cfg.max_error_share} allows {int(cfg.max_error_share * len(rows))}).")
+            _outage_message("distill", len(outages), len(rows), "tasks", results[outages[0]][0].error, cfg)
+            + f": the {len(rows) - len(outages)} finished tasks come from the resume cache {cache} and only the "
+            f"failed ones are redone (distill.max_error_share {cfg.max_error_share} allows "
+            f"{int(cfg.max_error_share * len(rows))}).")
 
     filters = Filters(**to_dict(cfg.filters))
     transcripts, kept, rejects = [], [], []

@@ -17,6 +17,10 @@ double-check score, then the majority answer), format validity, tokens, tool cal
 the same per domain and benchmark, and for the students the billed-token ratio to the teacher
 (coa.metrics.billed_tokens, the student's tokenizer for both). Plots (--plots) and one small headline file
 per model (--headline, `dvc metrics show`): coa.plots. Promotion is not here (`coa promote` after the stage).
+
+The teacher runs first: an attempt whose team could not reach its backend (after the chat client's retries
+and `distill.retry_rounds` rounds) is not scored as a wrong answer, the stage exits 1 with one line naming
+the count and the fix (coa.teach.TeacherOutage), before any student is evaluated.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from coa.report import eval_metrics, task_slices
 from coa.rollout.types import Sampling
 from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
-from coa.teach import make_teacher, teacher_rows
+from coa.teach import TeacherOutage, make_teacher, teacher_rows
 from schemas import EVAL_DTYPES, EvalRow, Task
 from stages._stage import Stage
 
@@ -93,13 +97,16 @@ def main(argv: list[str] | None = None) -> None:
         rows, timings = [], {}  # attempt rows of every model; each model's wall time
         models = [(name, getattr(st.args, name)) for name in POLICIES] + ([("teacher", None)] if cfg.teacher else [])
         sessions, judge = tools_factory(st.params.common.tools, st.args.index), judge_from(st.params.common.judge)  # once
-        for name, path in models:
+        for name, path in sorted(models, key=lambda m: m[0] != "teacher"):  # the teacher first: an outage fails fast
             start = time.perf_counter()
             engine = engine_from(cfg.engine, path) if path else None  # one engine per model, every group
             teacher = None if path else make_teacher(st.params.distill, st.params.common.tools, st.args.index)
             for group, part in sets.items():
-                got = (_policy_rows(st, tok, name, engine, sessions, judge, part) if path
-                       else teacher_rows(teacher, part, cfg.k, seed, token_counter(tok), judge, st.params.distill.workers))
+                try:
+                    got = (_policy_rows(st, tok, name, engine, sessions, judge, part) if path
+                           else teacher_rows(teacher, part, cfg.k, seed, token_counter(tok), st.params.distill, judge))
+                except TeacherOutage as err:
+                    raise SystemExit(str(err)) from None
                 rows += [{**r, "model": name, "group": group} for r in got]
             timings[name] = round(time.perf_counter() - start, 2)
             log.info("eval: %s in %.1f s", name, timings[name])

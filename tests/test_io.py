@@ -60,7 +60,55 @@ def test_unreadable_artifact_is_one_line_naming_the_file_and_the_fix(tmp_path, d
         read_table(path, Document)
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"{path}: ")
-    assert "dvc repro" in message and "dvc checkout" in message
+    assert "dvc repro" in message and "dvc checkout" in message and "STAGE" not in message
+
+
+DVC_YAML = """
+stages:
+  distill:
+    cmd: python -m stages.distill
+    outs:
+      - data/trajectories.parquet
+      - metrics/distill.json:
+          cache: false
+  index:
+    cmd: python -m stages.index
+    outs:
+      - data/index
+"""
+
+
+@pytest.mark.parametrize(("artifact", "stage", "out"), [
+    ("data/trajectories.parquet", "distill", "data/trajectories.parquet"),
+    ("data/index/docs.parquet", "index", "data/index"),  # inside an out that is a folder
+    ("data/index.parquet", None, None),  # a longer name is not inside data/index
+])
+def test_the_fix_names_the_stage_whose_outs_hold_the_artifact(tmp_path, monkeypatch, artifact, stage, out):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dvc.yaml").write_text(DVC_YAML)
+    path = tmp_path / artifact
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"PAR1 cut")
+    for given in (path, artifact):  # absolute, or relative to the cwd
+        with pytest.raises(ArtifactError) as info:
+            read_table(given, Document)
+        message = str(info.value)
+        assert "\n" not in message and "STAGE" not in message
+        if stage:
+            assert message.endswith(f"rerun the stage that writes it (`dvc repro -f -s {stage}`) or restore it "
+                                    f"from the DVC cache (`dvc checkout {out}`)")
+        else:
+            assert message.endswith("rerun the stage that writes it (`dvc repro`) or restore it from the DVC cache "
+                                    "(`dvc checkout`)")
+
+
+def test_without_a_dvc_yaml_in_the_cwd_the_repos_names_the_stage(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/tasks.parquet").write_bytes(b"")
+    with pytest.raises(ArtifactError, match=r"`dvc repro -f -s curate`\) or restore it from the DVC cache "
+                                            r"\(`dvc checkout data/tasks\.parquet`\)$"):
+        read_table("data/tasks.parquet", Document)
 
 
 def test_rejects_and_json(tmp_path):

@@ -131,7 +131,7 @@ def test_a_truncated_input_fails_in_one_line_naming_the_file_and_the_fix(stage_d
         run(stage_dir)
     message = str(info.value.code)
     assert message.startswith(f"distill: {tasks}: not a readable parquet file") and "\n" not in message
-    assert "dvc checkout" in message
+    assert "`dvc repro -f -s curate`" in message and "`dvc checkout data/tasks.parquet`" in message  # its writer
 
 
 def test_outages_within_max_error_share_are_rejected_not_wrong(stage_dir):
