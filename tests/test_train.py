@@ -1,103 +1,25 @@
-"""SFT training loop (coa.train): loss, masking, weights, schedule, data order, exact resume, DeepSpeed."""
+"""SFT training loop (coa.train): loss, masking, weights, schedule, data order, exact resume.
+
+DeepSpeed runs of the same loop are in tests/test_zero.py; the tiny model and data in tests/tiny_sft.py.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from coa import sft
 from coa import train as T
 from coa import trainkit as K
-from coa import zero as Z
-from coa.config import DeepSpeedConfig, SftConfig
-from coa.model import train_tokenizer
-from coa.prompts import system_prompt
-
-ROOT = Path(__file__).resolve().parents[1]
-
-RESPONSES = [
-    "<plan>1. search the city. 2. answer.</plan>\n<think>I search for the capital.</think>\n"
-    "<web_search>capital of France</web_search>\n<observation>Paris is the capital of France.</observation>\n"
-    "<think>The page says Paris.</think>\n<answer>Paris</answer>",
-    "<plan>compute it with code</plan>\n<think>Add the numbers.</think>\n"
-    "<code>```python\nprint(40 + 2)\n```</code>\n"
-    "<observation>42\n</observation>\n<reflection>information conflict: good</reflection>\n"
-    "<think>It printed 42.</think>\n<answer>\\boxed{42}</answer>",
-    "<plan>look up Berlin</plan>\n<web_search>capital of Germany</web_search>\n"
-    "<observation>Berlin is the capital and largest city of Germany.</observation>\n<answer>Berlin</answer>",
-    "<think>Short one.</think>\n<answer>\\boxed{7}</answer>",
-]
-PROMPTS = ["What is the capital of France?", "What is 40 + 2?", "Capital of Germany?", "What is 3 + 4?"]
+from tests.tiny_sft import RESPONSES, cfg, make_tokenizer, records, tiny_model
 
 
 @pytest.fixture(scope="module")
 def tok():
     return make_tokenizer()
-
-
-def make_tokenizer():
-    texts = PROMPTS + RESPONSES * 3 + [system_prompt(d) for d in ("web", "math", "code")] * 3
-    return train_tokenizer(texts, vocab_size=800, min_frequency=2)
-
-
-def tiny_model(tok, seed: int = 0) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config).float()
-
-
-def cfg(**kw) -> SftConfig:
-    base = dict(
-        max_len=256,
-        pack=True,
-        row_tokens=512,
-        rows_per_step=1,
-        gradient_accumulation=1,
-        epochs=1.0,
-        lr=3e-3,
-        min_lr_ratio=0.1,
-        warmup_ratio=0.1,
-        weight_decay=0.01,
-        betas=[0.9, 0.95],
-        grad_clip=1.0,
-        dtype="float32",
-        checkpoint_every=2,
-        keep_checkpoints=2,
-        register_as="coa-sft",
-        deepspeed=DeepSpeedConfig(enabled=False, zero_stage=2, dist_backend="gloo", offload_optimizer=False),
-    )
-    base.update(kw)
-    return SftConfig(**base)
-
-
-def records(n: int) -> list[dict]:
-    return [
-        {
-            "prompt": PROMPTS[i % 4],
-            "domain": "web" if i % 2 == 0 else "math",
-            "trajectory": RESPONSES[i % 4],
-            "weight": 2.0 if i % 3 == 0 else 1.0,
-        }
-        for i in range(n)
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -364,149 +286,3 @@ def test_bad_inputs_say_what_to_do(tok, examples):
         )
     with pytest.raises(ValueError, match="no examples"):
         T.train_sft(tiny_model(tok), [], cfg(), seed=0, pad_id=0, progress=False)
-
-
-# --------------------------------------------------------------------------- DeepSpeed (CPU, gloo)
-
-DS_SCRIPT = """
-import json, sys, torch
-sys.path.insert(0, {tests!r})
-from test_train import cfg, make_tokenizer, records, tiny_model
-from coa import train as T
-from coa import zero as Z
-from coa.config import DeepSpeedConfig
-tok = make_tokenizer()
-examples, _ = T.encode_trajectories(tok, records(12), max_len=256)
-spec = json.loads(sys.argv[1])
-ds = DeepSpeedConfig(enabled=spec.pop("deepspeed", True), zero_stage=spec.pop("zero", 2), dist_backend="gloo",
-                     offload_optimizer=False)
-stop = spec.pop("stop", 0)
-model = tiny_model(tok)
-if spec.pop("from_pretrained", False):  # ZeRO-3: every rank loads only its shard
-    from coa.model import load_pretrained, save_pretrained
-    save_pretrained(model, tok, sys.argv[2] + "-base", {{}})
-    hold = Z.zero3_loading(cfg(deepspeed=ds, **spec))
-    model, _ = load_pretrained(sys.argv[2] + "-base")
-    del hold
-    assert model.lm_head.weight.numel() == 0 and hasattr(model.lm_head.weight, "ds_id")
-def log_fn(step, m):
-    if step == stop:
-        raise SystemExit(3)
-c = cfg(deepspeed=ds, **spec)
-r = T.train_sft(model, examples, c, seed=1, pad_id=0, ckpt_dir=sys.argv[2], log_fn=log_fn,
-                progress=False)
-if r.model is not None:
-    torch.save(r.model.state_dict(), sys.argv[3])
-    print(json.dumps({{"losses": [h["loss"] for h in r.history], "dtype": str(r.model.lm_head.weight.dtype),
-                      "resumed_from": r.resumed_from, "grad_norm": r.history[-1]["grad_norm"]}}))
-"""
-
-
-def run_ds(tmp_path: Path, spec: dict, name: str, nproc: int = 1) -> tuple[dict | None, dict]:
-    import json
-
-    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install -e .[train])")
-    script = tmp_path / "ds_run.py"
-    script.write_text(DS_SCRIPT.format(tests=str(ROOT / "tests")))
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
-    }
-    env.update(OMP_NUM_THREADS="1" if nproc > 1 else env.get("OMP_NUM_THREADS", "2"), DS_ACCELERATOR="cpu")
-    args = [json.dumps(spec), str(tmp_path / f"ckpt-{name}"), str(tmp_path / f"{name}.pt")]
-    if nproc > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            str(script),
-            *args,
-        ]
-    else:
-        cmd = [sys.executable, str(script), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    info = json.loads(lines[-1]) if lines else None
-    if proc.returncode not in (0, 3):
-        raise AssertionError(
-            f"DeepSpeed run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-    state = torch.load(tmp_path / f"{name}.pt") if (tmp_path / f"{name}.pt").exists() else {}
-    return info, state
-
-
-def test_deepspeed_zero2_on_cpu_with_gloo_learns(tmp_path):
-    spec = {"epochs": 8.0, "rows_per_step": 2, "lr": 1e-2, "dtype": "bfloat16", "zero": 2}
-    info, state = run_ds(tmp_path, spec, "z2")
-    losses = info["losses"]
-    assert info["dtype"] == "torch.float32" and info["grad_norm"] > 0
-    assert losses[-1] < 0.7 * losses[0]
-    assert set(state) >= {"model.embed_tokens.weight", "lm_head.weight"}
-
-
-@pytest.mark.slow
-def test_deepspeed_zero3_matches_plain_torch_in_float32(tmp_path):
-    """ZeRO-3 with the weights loaded sharded (zero3_loading + from_pretrained) trains like plain torch."""
-    spec = {"epochs": 2.0, "rows_per_step": 2, "dtype": "float32", "zero": 3}
-    info, state = run_ds(tmp_path, {**spec, "from_pretrained": True}, "z3")
-    plain, plain_state = run_ds(tmp_path, {**spec, "deepspeed": False}, "plain")
-    assert info["losses"] == pytest.approx(plain["losses"], abs=1e-4)
-    for k, v in plain_state.items():
-        assert torch.allclose(v, state[k], atol=1e-4), k
-
-
-@pytest.mark.slow
-def test_deepspeed_resume_is_exact(tmp_path):
-    spec = {"epochs": 2.0, "rows_per_step": 1, "dtype": "bfloat16", "zero": 2, "checkpoint_every": 3}
-    ref, ref_state = run_ds(tmp_path, spec, "ref")
-    run_ds(tmp_path, {**spec, "stop": 7}, "cut")
-    out, state = run_ds(tmp_path, spec, "cut")
-    assert out["resumed_from"] == 6 and out["losses"] == ref["losses"]
-    for k, v in ref_state.items():
-        assert torch.equal(v, state[k]), k
-
-
-@pytest.mark.slow
-def test_deepspeed_two_processes_on_gloo_match_one(tmp_path):
-    """2 ranks x 1 row per step = 1 rank x 2 rows: same global batch, same loss curve."""
-    two, _ = run_ds(
-        tmp_path, {"epochs": 2.0, "rows_per_step": 1, "dtype": "float32", "zero": 2}, "two", nproc=2
-    )
-    one, _ = run_ds(tmp_path, {"epochs": 2.0, "rows_per_step": 2, "dtype": "float32", "zero": 2}, "one")
-    assert two["losses"] == pytest.approx(one["losses"], abs=1e-4)
-
-
-def test_deepspeed_config_from_params():
-    c = cfg(
-        rows_per_step=2,
-        gradient_accumulation=4,
-        dtype="bfloat16",
-        deepspeed=DeepSpeedConfig(enabled=True, zero_stage=3, dist_backend="nccl", offload_optimizer=True),
-    )
-    d = Z.deepspeed_config(c, world=8)
-    assert d["train_batch_size"] == 64 and d["gradient_accumulation_steps"] == 4
-    assert (
-        d["zero_optimization"]["stage"] == 3
-        and d["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    )
-    assert d["bf16"]["enabled"] and d["gradient_clipping"] == 1.0
-
-
-def test_paper_preset_merges_over_params_into_valid_config():
-    import yaml
-
-    from coa.config import Params, build
-
-    def merge(a: dict, b: dict) -> dict:
-        for k, v in b.items():
-            a[k] = merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-        return a
-
-    preset = yaml.safe_load((ROOT / "configs/paper.yaml").read_text())
-    params = build(Params, merge(yaml.safe_load((ROOT / "params.yaml").read_text()), preset), "")
-    s = params.sft
-    assert (s.lr, s.warmup_ratio, s.max_len, s.row_tokens, s.dtype) == (1.4e-5, 0.1, 32768, 32768, "bfloat16")
-    assert 2.0 <= s.epochs <= 2.5
-    assert s.deepspeed.enabled and s.deepspeed.zero_stage == 3 and s.deepspeed.dist_backend == "nccl"
-    assert Z.deepspeed_config(s, world=8)["train_batch_size"] == s.rows_per_step * s.gradient_accumulation * 8

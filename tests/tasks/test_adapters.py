@@ -19,15 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coa.io import validate
-from coa.tasks.adapters import (
-    ADAPTER_KINDS,
-    NO_REFERENCE,
-    boxed_answer,
-    gold_aliases,
-    load_source,
-    read_source,
-)
+from coa.tasks.adapters import ADAPTER_KINDS, load_source, read_source
 from coa.tasks.curate import SourceRows, curate
+from coa.tasks.layouts import NO_REFERENCE, boxed_answer, gold_aliases
 from schemas.artifacts import Task
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
