@@ -19,7 +19,8 @@ import logging
 import os
 import subprocess
 import tempfile
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,25 @@ def workspace_description(model_dir: Path, accuracy: float | None = None) -> str
     return "; ".join(parts)
 
 
+@contextmanager
+def _hub_offline() -> Iterator[None]:
+    """Hugging Face Hub lookups fail at once inside the block. MLflow's transformers flavor looks up a model
+    card and a license on the Hub under the model's name_or_path; ours is a local folder (``models/sft``),
+    so without a network each lookup retried with backoff for ~25 s before giving up (47 s per stage)."""
+    import huggingface_hub.constants as hub
+
+    env, flag = os.environ.get("HF_HUB_OFFLINE"), hub.HF_HUB_OFFLINE
+    os.environ["HF_HUB_OFFLINE"], hub.HF_HUB_OFFLINE = "1", True
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = flag
+        if env is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = env
+
+
 def _log_transformers_model(mlflow: Any, model_dir: Path) -> Any:
     """The folder as an MLflow transformers-flavor model in the active run (model info)."""
     import torch
@@ -96,8 +116,9 @@ def _log_transformers_model(mlflow: Any, model_dir: Path) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # explicit requirements: MLflow's inference imports torchvision, which this environment does not have
     reqs = [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
-    return mlflow.transformers.log_model({"model": model, "tokenizer": tokenizer}, name="model", task=TASK,
-                                         pip_requirements=reqs)
+    with _hub_offline():
+        return mlflow.transformers.log_model({"model": model, "tokenizer": tokenizer}, name="model", task=TASK,
+                                             pip_requirements=reqs)
 
 
 def register(model_dir: str | Path, name: str, tags: dict[str, str] | None = None, description: str | None = None,

@@ -39,3 +39,26 @@ def test_experiments_are_ml_and_grouped_metrics_keep_their_slash(tmp_path, monke
     metrics = mlflow.get_run(run.run_id).data.metrics
     assert {"rl/web/accuracy", "rl/pass_at_2", "source.web.in"} <= set(metrics)
     mlflow.set_tracking_uri(None)
+
+
+def test_registering_a_local_folder_asks_the_hub_nothing(monkeypatch):
+    """MLflow's transformers flavor looks up a model card and license on the Hub for a local folder's
+    name; inside coa.registry._hub_offline that fails at once instead of retrying, and the flag comes back."""
+    import time
+
+    import huggingface_hub
+    import huggingface_hub.constants as hub
+
+    from coa.registry import _hub_offline
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    before = hub.HF_HUB_OFFLINE
+    start = time.perf_counter()
+    with _hub_offline():
+        assert hub.HF_HUB_OFFLINE
+        try:
+            huggingface_hub.ModelCard.load("models/sft")
+        except Exception:  # noqa: BLE001 - offline: any failure, as long as it is immediate
+            pass
+    assert time.perf_counter() - start < 5
+    assert hub.HF_HUB_OFFLINE == before and "HF_HUB_OFFLINE" not in __import__("os").environ
