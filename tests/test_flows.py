@@ -88,7 +88,7 @@ def test_pipeline_flow_runs_a_new_dag_in_prefects_harness(tmp_path, monkeypatch)
         "after": {"cmd": f"python -c '{write}' m.json '{{\"n\": 2}}' && cp a.txt b.txt", "deps": ["a.txt"],
                   "outs": ["b.txt"], "metrics": [{"m.json": {"cache": False}}]},
     }}))
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=120):  # 30 s by default: too short on 2 busy cores
         state = pipeline(retries=0, return_state=True)
         assert state.is_completed() and state.result() == ["make", "after"]
         runs, logs, artifacts = _task_runs(state.state_details.flow_run_id)
@@ -120,7 +120,7 @@ def test_a_failed_stage_fails_the_flow_with_one_line(tmp_path, monkeypatch):
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
         "broken": {"cmd": "python -c 'raise SystemExit(\"broken: no input\")'", "outs": ["x.txt"]},
         "after": {"cmd": "cp x.txt y.txt", "deps": ["x.txt"], "outs": ["y.txt"]}}}))
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=120):  # 30 s by default: too short on 2 busy cores
         state = pipeline(retries=0, return_state=True)
     assert state.is_failed() and "\n" not in state.message
     assert state.message.startswith("stage broken did not complete") and "(not run: after)" in state.message
