@@ -70,43 +70,34 @@ def closing_line(rollout: Any) -> str:
 
 def solve(question: str, model_path: str, domain: str, index: str, params_path: str, temperature: float,
           seed: int, out: Any) -> Any:
-    """One trajectory, printed token by token; returns the Rollout."""
-    import torch
-
+    """One trajectory on the rollout engine that eval uses (coa.rollout.hf), printed token by token as it is
+    drawn; returns the Rollout."""
     from coa.config import load_params
     from coa.model import load_pretrained
     from coa.prompts import render_prompt
-    from coa.rollout.hf import sample
-    from coa.rollout.loop import StopSet, Trajectory, decode, eos_ids, vocab_texts
+    from coa.rollout.hf import HFEngine
+    from coa.rollout.loop import decode
     from coa.rollout.types import Request, Sampling
     from coa.runtime import agent_limits
     from coa.tools import ToolSession, build_tools
 
     params = load_params(params_path)
     model, tok = load_pretrained(model_path)
-    model.eval()
-    stops = StopSet(tok, vocab_texts(tok), (), eos_ids(tok, getattr(model, "generation_config", None)))
     index_dir = index if Path(index).is_dir() else None  # without the index: the code tool alone
-    session = ToolSession(build_tools(params.common.tools, index_dir=index_dir), params.common.tools.max_observation_chars)
+    tools = build_tools(params.common.tools, index_dir=index_dir)
+    shown = ""
+
+    def show(traj: Any) -> None:
+        nonlocal shown
+        text = decode(tok, traj.response_ids)
+        if len(text) > len(shown) and not text.endswith("\ufffd"):  # whole characters only
+            out.print(text[len(shown):], style=_style(shown), end="", markup=False, highlight=False)
+            shown = text
+
     request = Request("solve", render_prompt(tok, question, domain), domain)
-    traj = Trajectory(request, tok, stops, agent_limits(params.common.agent), session)
-    sampling = Sampling(temperature=temperature, seed=seed)
-    gen = [torch.Generator().manual_seed(seed)]
-    feed, past, shown = list(traj.prompt_ids), None, ""
-    with torch.inference_mode():
-        while not traj.done:
-            result = model(input_ids=torch.tensor([feed]), past_key_values=past, use_cache=True)
-            past = result.past_key_values
-            token, logprob = sample(result.logits[:, -1], sampling, gen)
-            ended = traj.push(int(token[0]), float(logprob[0]))
-            feed = [int(token[0])]
-            if ended and traj.tool_call is not None:
-                feed += traj.observe(traj.run_tool())
-            text = decode(tok, traj.response_ids)
-            if len(text) > len(shown) and not text.endswith("\ufffd"):  # whole characters only
-                out.print(text[len(shown):], style=_style(shown), end="", markup=False, highlight=False)
-                shown = text
-    rollout = traj.result()
+    [rollout] = HFEngine(model, tok, max_batch=1).rollout(
+        [request], Sampling(temperature=temperature, seed=seed), agent_limits(params.common.agent),
+        lambda _r: ToolSession(tools, params.common.tools.max_observation_chars), on_token=show)
     out.print()
     out.print(closing_line(rollout), style="bold", markup=False)
     return rollout

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -203,14 +203,16 @@ class HFEngine:
     # -- public API -------------------------------------------------------------------------------
 
     def rollout(self, requests: Sequence[Request], sampling: Sampling, limits: Limits,
-                tools: ToolsFactory) -> list[Rollout]:
-        """Roll out every request; results in request order."""
+                tools: ToolsFactory, on_token: Callable[[Trajectory], None] | None = None) -> list[Rollout]:
+        """Roll out every request; results in request order. ``on_token`` (e.g. `coa solve`'s printer) sees
+        a trajectory after each token it draws and each observation it reads; it must not change it."""
         keys = [r.key for r in requests]
         if len(set(keys)) != len(keys):
             raise ValueError("request keys must be unique (they seed the samplers)")
         stops = self.stop_set(limits.stop)
         trajs = [Trajectory(r, self.tokenizer, stops, limits, tools(r)) for r in requests]
         self.stats = Stats()
+        self._on_token = on_token or (lambda _traj: None)
         param = next(self.model.parameters())  # read per call: a trainer may have moved or cast the model
         self.device, self.dtype = param.device, param.dtype
         was_training = self.model.training
@@ -404,6 +406,7 @@ class HFEngine:
             row.tool = None
             last = row.traj.response_ids[-1]  # the closing tag: sampled, not yet in the cache
             ids = row.traj.observe(observation)
+            self._on_token(row.traj)
             if row.traj.done:  # the context is full
                 slots[i] = None
                 cache.clear_row(i)
@@ -483,7 +486,9 @@ class HFEngine:
         tokens, logprobs = sample(logits, sampling, [slots[i].generator for i in targets])
         for i, token, logprob in zip(targets, tokens.tolist(), logprobs.tolist(), strict=True):
             row = slots[i]
-            if not row.traj.push(token, logprob):
+            ended = row.traj.push(token, logprob)
+            self._on_token(row.traj)
+            if not ended:
                 row.feed, row.ingesting = [token], False
             elif row.traj.tool_call is not None:
                 row.feed, row.ingesting = [], True

@@ -189,3 +189,20 @@ def test_make_engine_builds_each_kind_from_plain_arguments(web_model, tok, tmp_p
     if not HAS_VLLM:
         with pytest.raises(ImportError, match="vllm engine needs vLLM"):
             make_engine("vllm", str(tmp_path / "m"))
+
+
+def test_on_token_sees_every_token_and_observation_and_changes_nothing(web_model, tok, requests_of):
+    """`coa solve` streams through ``on_token``: it is called once per drawn token and once per observation,
+    with the growing trajectory, and the rollouts equal those without it."""
+    requests = requests_of(3)
+    sampling = Sampling(temperature=1.0, seed=5)
+    seen: dict[str, list[int]] = {}
+    watched = HFEngine(web_model, tok, max_batch=2).rollout(
+        requests, sampling, LIMITS, Recorder(),
+        on_token=lambda t: seen.setdefault(t.request.key, []).append(len(t.response_ids)))
+    plain = HFEngine(web_model, tok, max_batch=2).rollout(requests, sampling, LIMITS, Recorder())
+    assert [r.response_ids for r in watched] == [r.response_ids for r in plain]
+    for request, r in zip(requests, watched, strict=True):
+        lengths = seen[request.key]
+        assert lengths == sorted(lengths) and lengths[-1] == len(r.response_ids)
+        assert sum(r.loss_mask) <= len(lengths) <= sum(r.loss_mask) + r.n_tool_calls  # tokens, then observations
