@@ -28,6 +28,7 @@ import torch
 from coa.config import derive_seed, load_params
 from coa.device import cpu_capability
 from coa.evaluate import evaluate
+from coa.io import first_per_domain
 from coa.model import load_pretrained, save_pretrained
 from coa.rollout import Sampling
 from coa.runtime import agent_limits, engine_from, tools_factory
@@ -35,9 +36,7 @@ from coa.train import encode_trajectories, train_sft
 
 
 def eval_tasks(tasks_path: str, per_domain: int) -> list[dict]:
-    tasks = pl.read_parquet(tasks_path).filter(pl.col("split") == "eval").sort("task_id")
-    parts = [part.head(per_domain) if per_domain else part for _, part in tasks.group_by("domain", maintain_order=True)]
-    return pl.concat(parts).to_dicts()
+    return first_per_domain(pl.read_parquet(tasks_path).filter(pl.col("split") == "eval"), per_domain).to_dicts()
 
 
 def evaluate_policy(path: str, tasks: list[dict], k: int, params, index_dir: str) -> dict[str, dict]:

@@ -19,6 +19,7 @@ import torch
 
 from coa.config import load_params
 from coa.evaluate import evaluate
+from coa.io import first_per_domain
 from coa.rollout import Limits, Sampling, make_engine
 from coa.tools import ToolSession, build_tools
 
@@ -37,9 +38,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     params = load_params()
     tools = build_tools(params.common.tools, index_dir=args.index)
-    tasks = pl.read_parquet(args.tasks).filter(pl.col("split") == "eval").sort("task_id")
-    if args.per_domain:
-        tasks = pl.concat([part.head(args.per_domain) for _, part in tasks.group_by("domain", maintain_order=True)])
+    tasks = first_per_domain(pl.read_parquet(args.tasks).filter(pl.col("split") == "eval"), args.per_domain)
     teacher = json.loads(Path("metrics/distill.json").read_text()) if Path("metrics/distill.json").exists() else {}
     limits = Limits(max_turns=16, max_tool_calls=12, max_turn_tokens=512, max_total_tokens=4096)
     for path in args.models:

@@ -109,6 +109,13 @@ def read_table(path: str | Path, schema: Any) -> pl.DataFrame:
     return validate(df, schema, str(path))
 
 
+def first_per_domain(tasks: pl.DataFrame, n: int) -> pl.DataFrame:
+    """The first ``n`` tasks of each domain by task_id (0 = all), domain by domain: how eval, distill's
+    held-out set, rl's KL tasks and the benches pick a deterministic subset of a task table."""
+    tasks = tasks.sort("task_id")
+    return tasks.group_by("domain", maintain_order=True).head(n) if n else tasks
+
+
 def write_rejects(path: str | Path, stage: str, rejects: Iterable[tuple[dict[str, Any], str]]) -> int:
     """Write `(row, reason)` pairs as the stage's rejects file (always written, maybe empty)."""
     rows = [{"stage": stage, "row": json.dumps(row, sort_keys=True, default=str), "reason": reason}

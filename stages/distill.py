@@ -34,7 +34,7 @@ import coa.teacher
 import coa.tools
 from coa.config import to_dict
 from coa.distill import jsonl, llamafactory_dataset_info, llamafactory_records, sharegpt_records
-from coa.io import md5_path, read_table, write_json, write_rejects, write_table
+from coa.io import first_per_domain, md5_path, read_table, write_json, write_rejects, write_table
 from coa.metrics import token_counter
 from coa.teach import TeacherOutage, distill_tasks, make_teacher
 from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, TaskStats, Trajectory
@@ -74,8 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             result = distill_tasks(tasks.to_dicts(), teacher, cfg, seed, Path(st.args.cache),
                                    salt := _cache_salt(st.params, st.args.index), count)
-            evals = every.filter(pl.col("split") == "eval")
-            evals = evals.group_by("domain", maintain_order=True).head(cfg.heldout_tasks)
+            evals = first_per_domain(every.filter(pl.col("split") == "eval"), cfg.heldout_tasks)
             held = distill_tasks(evals.to_dicts(), teacher, cfg, seed, Path(st.args.cache), salt, count)
         except TeacherOutage as err:
             raise SystemExit(str(err)) from None

@@ -35,7 +35,7 @@ from transformers import AutoTokenizer
 
 from coa.config import derive_seed
 from coa.evaluate import evaluate
-from coa.io import read_table, write_table
+from coa.io import first_per_domain, read_table, write_table
 from coa.metrics import token_counter
 from coa.plots import publish
 from coa.report import eval_metrics, task_slices
@@ -52,9 +52,7 @@ POLICIES = ("base", "sft", "rl")
 
 def _task_sets(st: Stage) -> dict[str, list[dict[str, Any]]]:
     cfg = st.params.eval
-    tasks = read_table(st.args.tasks, Task).filter(pl.col("split").is_in(cfg.splits)).sort("task_id")
-    if cfg.max_tasks:
-        tasks = pl.concat([part.head(cfg.max_tasks) for _, part in tasks.group_by("domain", maintain_order=True)])
+    tasks = first_per_domain(read_table(st.args.tasks, Task).filter(pl.col("split").is_in(cfg.splits)), cfg.max_tasks)
     sets = {"eval": tasks.to_dicts()}
     for source in cfg.benchmarks:
         if source.path is None:

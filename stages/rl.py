@@ -26,7 +26,7 @@ import polars as pl
 
 from coa.config import derive_seed, to_dict
 from coa.dapo import heldout_kl, train_dapo
-from coa.io import md5_path, read_table, write_json
+from coa.io import first_per_domain, md5_path, read_table, write_json
 from coa.model import load_pretrained
 from coa.prompts import render_prompt
 from coa.rewards import RewardSpec, reward
@@ -87,9 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         write_json(st.args.plots, result.plot_rows())
 
         # KL(RL || SFT) on held-out rollouts of the RL policy (eval-split tasks, never trained on)
-        heldout = [t for d in ("math", "code", "web") for t in
-                   tasks.filter((pl.col("split") == "eval") & (pl.col("domain") == d)).head(cfg.heldout_tasks)
-                   .to_dicts()]
+        heldout = first_per_domain(tasks.filter(pl.col("split") == "eval"), cfg.heldout_tasks).to_dicts() \
+            if cfg.heldout_tasks else []
         kl = float("nan")
         if heldout and cfg.engine.kind == "hf":
             requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"])

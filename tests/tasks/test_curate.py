@@ -87,3 +87,15 @@ def test_a_generated_world_is_not_decontaminated_against_its_own_eval_split():
     out = run(SourceRows("world:x", world, generated=True))
     assert [t["task_id"] for t in out.tasks] == ["w1", "w2"]
     assert run(SourceRows("world:x", world)).counts["contaminated"] == 1
+
+
+def test_first_per_domain_takes_the_first_by_task_id_of_each_domain():
+    import polars as pl
+
+    from coa.io import first_per_domain
+
+    tasks = pl.DataFrame({"task_id": ["web-2", "math-3", "web-1", "math-1", "code-9", "math-2"],
+                          "domain": ["web", "math", "web", "math", "code", "math"]})
+    assert first_per_domain(tasks, 2)["task_id"].to_list() == ["code-9", "math-1", "math-2", "web-1", "web-2"]
+    assert first_per_domain(tasks, 0)["task_id"].to_list() == sorted(tasks["task_id"])
+    assert first_per_domain(tasks.head(0), 3).height == 0  # an empty split is no error
