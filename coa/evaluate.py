@@ -28,7 +28,7 @@ with coa.rewards.check in a thread pool (code tests run in the sandbox).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -128,3 +128,19 @@ def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, samplin
     per_domain = {d: summarize([r for r in rows if r["domain"] == d], k, n_boot, seed)
                   for d in sorted({r["domain"] for r in rows})}
     return EvalResult(k=k, overall=summarize(rows, k, n_boot, seed), per_domain=per_domain, rows=rows)
+
+
+def evaluate_by_domain(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, sampling: Mapping[str, Any],
+                       seed_of: Callable[[str], int], limits: Limits, tools_factory: ToolsFactory,
+                       tokenizer: Any = None, judge: Judge | None = None) -> list[dict[str, Any]]:
+    """`evaluate` domain by domain (web, math, code), each with its own sampling settings (``sampling[domain]``:
+    temperature, top_p) and rollout seed (``seed_of(domain)``); the attempt rows of all domains."""
+    rows = []
+    for domain in ("web", "math", "code"):
+        part = [t for t in tasks if t["domain"] == domain]
+        if part:
+            s = sampling[domain]
+            domain_sampling = Sampling(temperature=s.temperature, top_p=s.top_p, seed=seed_of(domain))
+            rows += evaluate(engine, part, k, domain_sampling, limits, tools_factory, tokenizer=tokenizer,
+                             judge=judge).rows
+    return rows

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,11 @@ import polars as pl
 from transformers import AutoTokenizer
 
 from coa.config import derive_seed
-from coa.evaluate import evaluate
+from coa.evaluate import evaluate_by_domain
 from coa.io import first_per_domain, read_table, write_table
 from coa.metrics import token_counter
 from coa.plots import publish
 from coa.report import eval_metrics, task_slices
-from coa.rollout.types import Sampling
 from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
 from coa.teach import TeacherOutage, make_teacher, teacher_rows
@@ -64,23 +64,6 @@ def _task_sets(st: Stage) -> dict[str, list[dict[str, Any]]]:
     return {name: rows for name, rows in sets.items() if rows}
 
 
-def _policy_rows(st: Stage, tok: Any, name: str, engine: Any, tools: Any, judge: Any,
-                 tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    cfg = st.params.eval
-    rows = []
-    for domain in ("web", "math", "code"):
-        part = [t for t in tasks if t["domain"] == domain]
-        if not part:
-            continue
-        s = cfg.sampling[domain]
-        sampling = Sampling(temperature=s.temperature, top_p=s.top_p,
-                            seed=derive_seed(st.params.common.seed, "eval", name, domain))
-        result = evaluate(engine, part, cfg.k, sampling, agent_limits(st.params.common.agent), tools,
-                          tokenizer=tok, judge=judge)
-        rows += result.rows
-    return rows
-
-
 def main(argv: list[str] | None = None) -> None:
     inputs = {"tasks": "curated tasks (parquet)", "base": "the starting policy", "sft": "the SFT policy",
               "rl": "the RL policy", "index": "search index folder"}
@@ -101,7 +84,9 @@ def main(argv: list[str] | None = None) -> None:
             teacher = None if path else make_teacher(st.params.distill, st.params.common.tools, st.args.index)
             for group, part in sets.items():
                 try:
-                    got = (_policy_rows(st, tok, name, engine, sessions, judge, part) if path
+                    got = (evaluate_by_domain(engine, part, cfg.k, cfg.sampling,
+                                              partial(derive_seed, seed, "eval", name),  # the domain's seed
+                                              agent_limits(st.params.common.agent), sessions, tok, judge) if path
                            else teacher_rows(teacher, part, cfg.k, seed, token_counter(tok), st.params.distill, judge))
                 except TeacherOutage as err:
                     raise SystemExit(str(err)) from None
