@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from coa.format import DOMAINS
 from coa.metrics import best_of_k, billed_tokens, bootstrap_ci, pass_at_k, student_calls, token_counter
 from coa.prompts import render_prompt
 from coa.rewards import Judge, check, format_ok
@@ -136,7 +137,7 @@ def evaluate_by_domain(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: in
     """`evaluate` domain by domain (web, math, code), each with its own sampling settings (``sampling[domain]``:
     temperature, top_p) and rollout seed (``seed_of(domain)``); the attempt rows of all domains."""
     rows = []
-    for domain in ("web", "math", "code"):
+    for domain in DOMAINS:
         part = [t for t in tasks if t["domain"] == domain]
         if part:
             s = sampling[domain]

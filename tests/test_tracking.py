@@ -44,6 +44,7 @@ def test_experiments_are_ml_and_grouped_metrics_keep_their_slash(tmp_path, monke
 def test_registering_a_local_folder_asks_the_hub_nothing(monkeypatch):
     """MLflow's transformers flavor looks up a model card and license on the Hub for a local folder's
     name; inside coa.registry._hub_offline that fails at once instead of retrying, and the flag comes back."""
+    import os
     import time
 
     import huggingface_hub
@@ -61,4 +62,4 @@ def test_registering_a_local_folder_asks_the_hub_nothing(monkeypatch):
         except Exception:  # noqa: BLE001 - offline: any failure, as long as it is immediate
             pass
     assert time.perf_counter() - start < 5
-    assert hub.HF_HUB_OFFLINE == before and "HF_HUB_OFFLINE" not in __import__("os").environ
+    assert hub.HF_HUB_OFFLINE == before and "HF_HUB_OFFLINE" not in os.environ
