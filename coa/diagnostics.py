@@ -1,7 +1,7 @@
 """Teacher-forced diagnostics of a policy on held-out teacher trajectories: does it copy from its context?
 
     d = teacher_forced(model, tokenizer, records, max_len=2048)   # records: domain, prompt, trajectory
-    d["token_accuracy"], d["answer_accuracy"], d["copy_accuracy"], d["math.copy_accuracy"]
+    d["token_accuracy"], d["answer_accuracy"], d["copy_accuracy"], d["math.obs_copy_accuracy"]
 
 A policy can learn the trajectory structure yet copy nothing (numbers into code, names from an observation
 into the next query, an observation into the answer), and then solves nothing. This shows it without a
@@ -13,6 +13,13 @@ Per domain and overall:
   answer_accuracy  over the target tokens inside the final ``<answer>`` block;
   copy_accuracy    over *copied* target tokens: ids that occur in the question or in an earlier observation
                    and not in the domain's system prompt (scaffolding such as "the" or a tag is not a copy);
+                   a digit is "copied" wherever it stands, so this is an upper bound;
+  obs_copy_accuracy over target tokens that only reading an observation gives: inside a run of
+                   ``OBS_SPAN`` tokens that an earlier observation holds and neither the question nor the
+                   policy's own earlier text does (a program's printed number in "printed N", a name
+                   from a search result in the next query; not code a traceback echoes); for digits,
+                   ``obs_digit_accuracy`` is its digits alone (a number read off an observation): about
+                   0.1 is chance;
   answer_exact     the share of trajectories whose answer block is predicted right token for token;
   *_tokens         how many tokens each figure is over.
 Records should be of tasks the policy never trained on (the eval split).
@@ -31,32 +38,50 @@ from coa.prompts import render_prompt, system_prompt
 from coa.sft import encode_example
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+OBS_SPAN = 3
+
+
+def _spans(ids: Sequence[int], n: int = OBS_SPAN) -> set[tuple[int, ...]]:
+    return {tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)}
 
 
 def token_kinds(tokenizer: Any, question: str, domain: str, trajectory: str, n_prompt: int,
-                input_ids: Sequence[int], loss_mask: Sequence[int]) -> tuple[list[bool], list[bool]]:
-    """Per token of ``input_ids`` (prompt + trajectory + eos): (is an answer token, is a copied token).
-
-    Only target tokens (loss_mask 1) can be either; ``n_prompt`` is the number of prompt tokens.
+                input_ids: Sequence[int], loss_mask: Sequence[int]) -> tuple[list[bool], list[bool], list[bool]]:
+    """Per token of ``input_ids`` (prompt + trajectory + eos): (is an answer token, is a copied token, is
+    an observation copy). Only target tokens (loss_mask 1) can be any; ``n_prompt`` counts prompt tokens.
     """
     n = len(input_ids)
-    answer, copied = [False] * n, [False] * n
+    answer, copied, from_obs = [False] * n, [False] * n, [False] * n
     offsets = tokenizer(trajectory, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     spans = [m.span(1) for m in _ANSWER.finditer(trajectory)]
     last = spans[-1] if spans else (len(trajectory) + 1, len(trajectory) + 1)
     scaffold = set(tokenizer(system_prompt(domain), add_special_tokens=False)["input_ids"])
-    context = set(tokenizer(question, add_special_tokens=False)["input_ids"]) - scaffold
+    question_ids = tokenizer(question, add_special_tokens=False)["input_ids"]
+    context = set(question_ids) - scaffold
+    in_question = _spans(question_ids)
+    seen: set[tuple[int, ...]] = set()  # runs of OBS_SPAN tokens of the observations so far
+    written: set[tuple[int, ...]] = set()  # ... and of the policy's own tokens so far
+    observation: list[int] = []
     for i in range(n_prompt, n):
         if not loss_mask[i]:  # an observation token: what it says may be copied from here on
             if input_ids[i] not in scaffold:
                 context.add(input_ids[i])
+            observation.append(input_ids[i])
             continue
+        if observation:
+            seen |= _spans(observation)
+            observation = []
+        if i - OBS_SPAN >= n_prompt and all(loss_mask[i - OBS_SPAN:i]):
+            written.add(tuple(input_ids[i - OBS_SPAN:i]))
+        windows = (tuple(input_ids[k:k + OBS_SPAN]) for k in range(max(n_prompt, i - OBS_SPAN + 1), i + 1))
+        from_obs[i] = any(w in seen and w not in in_question and w not in written
+                          for w in windows if len(w) == OBS_SPAN)
         j = i - n_prompt
         if j < len(offsets):
             s, e = offsets[j]
             answer[i] = last[0] <= s and e <= last[1] and e > s
         copied[i] = input_ids[i] in context
-    return answer, copied
+    return answer, copied, from_obs
 
 
 @torch.no_grad()
@@ -67,12 +92,19 @@ def teacher_forced(model: Any, tokenizer: Any, records: Sequence[Mapping[str, An
     was_training = model.training
     model.eval()
     hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [right, total]
+    digit: dict[int, bool] = {}
+
+    def _digit(token: int) -> bool:
+        if token not in digit:
+            digit[token] = tokenizer.decode([token]).strip().lstrip("-").isdigit()
+        return digit[token]
+
     for r in records:
         domain = r["domain"]
         prompt_text = render_prompt(tokenizer, r["prompt"], domain)
         ex = encode_example(tokenizer, prompt_text, r["trajectory"], max_len=max_len)
         n_prompt = len(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
-        answer, copied = token_kinds(tokenizer, r["prompt"], domain, r["trajectory"], n_prompt, ex.input_ids,
+        answer, copied, from_obs = token_kinds(tokenizer, r["prompt"], domain, r["trajectory"], n_prompt, ex.input_ids,
                                      ex.loss_mask)
         ids = torch.tensor([ex.input_ids], device=device)
         pred = model(input_ids=ids, use_cache=False).logits[0, :-1].argmax(-1).tolist()  # [L-1]
@@ -81,7 +113,8 @@ def teacher_forced(model: Any, tokenizer: Any, records: Sequence[Mapping[str, An
             if not ex.loss_mask[i]:
                 continue
             ok = int(pred[i - 1] == ex.input_ids[i])
-            kinds = ["token"] + (["answer"] if answer[i] else []) + (["copy"] if copied[i] else [])
+            kinds = ["token"] + (["answer"] if answer[i] else []) + (["copy"] if copied[i] else []) + \
+                (["obs_copy"] if from_obs[i] else []) + (["obs_digit"] if from_obs[i] and _digit(ex.input_ids[i]) else [])
             for kind in kinds:
                 for key in (kind, f"{domain}.{kind}"):
                     hits[key][0] += ok

@@ -44,19 +44,25 @@ def test_oracle_scores_one_and_constant_copies_nothing(tok):
     ex = _example(tok)
     d = teacher_forced(Oracle(ex.input_ids, len(tok)), tok, [RECORD], max_len=4096)
     assert d["token_accuracy"] == d["answer_accuracy"] == d["copy_accuracy"] == d["math.answer_exact"] == 1.0
-    assert d["answer_tokens"] > 0 and d["copy_tokens"] > 0 and d["trajectories"] == 1
+    assert d["obs_copy_accuracy"] == d["math.obs_copy_accuracy"] == d["obs_digit_accuracy"] == 1.0
+    assert d["answer_tokens"] > 0 and d["copy_tokens"] > 0 and d["obs_copy_tokens"] > 0 and d["trajectories"] == 1
     wrong = teacher_forced(Oracle(ex.input_ids, len(tok), constant=tok.pad_token_id), tok, [RECORD], max_len=4096)
     assert wrong["copy_accuracy"] == wrong["answer_accuracy"] == wrong["answer_exact"] == 0.0
+    assert wrong["obs_copy_accuracy"] == wrong["obs_digit_accuracy"] == 0.0
 
 
 def test_token_kinds_marks_answer_and_copies(tok):
     prompt = render_prompt(tok, RECORD["prompt"], "math")
     ex = _example(tok)
     n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
-    answer, copied = token_kinds(tok, RECORD["prompt"], "math", TRAJ, n_prompt, ex.input_ids, ex.loss_mask)
+    answer, copied, from_obs = token_kinds(tok, RECORD["prompt"], "math", TRAJ, n_prompt, ex.input_ids, ex.loss_mask)
     answer_text = tok.decode([t for t, a in zip(ex.input_ids, answer, strict=True) if a])
     assert answer_text == "\\boxed{23242041}"
     copied_text = tok.decode([t for t, c in zip(ex.input_ids, copied, strict=True) if c])
     assert "4821" in copied_text.replace(" ", "")  # from the question into the code
     assert not any(c for c, m in zip(copied, ex.loss_mask, strict=True) if not m)  # observations are never targets
-    assert not any(copied[:n_prompt]) and not any(answer[:n_prompt])
+    assert not any(copied[:n_prompt]) and not any(answer[:n_prompt]) and not any(from_obs[:n_prompt])
+    # only what the observation said, where it is first written ("printed N"; the answer copies that line),
+    # never the question's 4821 in the code
+    runs = "".join(tok.decode([t]) if o else "|" for t, o in zip(ex.input_ids, from_obs, strict=True))
+    assert [r for r in runs.split("|") if r] == ["23242041"]
