@@ -8,6 +8,9 @@ frames that only copying solves: an observation holding a random number (1-10 di
 "The program printed N" and \\boxed{N} (the observation masked from the loss, as in SFT). Then, on fresh
 frames, prints the share of the digits after "printed" that the model predicts right (teacher-forced;
 about 0.1 is chance) and the share of numbers right digit for digit, per init, with the CPU capability.
+The frames have one shape, so the copy sits at an offset fixed by the number's length: the mimetic init
+finds that; on frames of varied shape (rounds of code and observations before the copy) neither init
+copies in this budget (the README's levers table).
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ class TinyModelConfig:
     rope_theta: float = _help("RoPE base frequency.")
     init: Literal["normal", "mimetic"] = _help(
         "Attention weights at init: normal (the Hugging Face default) or mimetic (coa.model.mimetic_init: "
-        "query-key products near the identity, value-output near minus it): on pure copy data copying forms "
-        "within minutes instead of not at all (bench/copying.py); through SFT it has not helped yet.",
+        "query-key products near the identity, value-output near minus it): copying at a fixed offset forms "
+        "within minutes instead of not at all (bench/copying.py); copying at varied offsets, and through SFT, "
+        "it has not helped.",
         default="normal")
 
     def __post_init__(self) -> None:

@@ -119,9 +119,9 @@ def mimetic_init(model: Qwen2ForCausalLM, generator: torch.Generator, qk: tuple[
 
     Per KV head, the query-key product W_q^T W_k is the best rank-head_dim fit of ``a*Z + b*I`` and the
     value-output product W_o W_v of ``a*Z - b*I`` (Z Gaussian with variance 1/d; ``qk`` and ``vo`` are
-    (a, b)): the weights pretrained attention layers have. On synthetic frames that only copying solves
-    (bench/copying.py) the default init learns to copy a number from its context in none of 1M tokens
-    and this one does; mixed into SFT data the effect has not carried over (README). Query heads that
+    (a, b)): the weights pretrained attention layers have. On synthetic frames of one shape that only
+    copying solves (bench/copying.py) the default init does not learn to copy a number from its context
+    in 1M tokens and this one does; on frames of varied shape, and mixed into SFT, neither does (README). Query heads that
     share a KV head get the same query weights, and their output blocks share the value-output product.
     """
     d, n_heads, n_kv = model.config.hidden_size, model.config.num_attention_heads, model.config.num_key_value_heads
