@@ -38,7 +38,6 @@ class TinyModelConfig:
         default="normal")
 
     def __post_init__(self) -> None:
-        _require(self.init in ("normal", "mimetic"), "init", f"must be normal or mimetic, got {self.init!r}")
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "max_position_embeddings"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")

@@ -104,8 +104,8 @@ def teacher_forced(model: Any, tokenizer: Any, records: Sequence[Mapping[str, An
         prompt_text = render_prompt(tokenizer, r["prompt"], domain)
         ex = encode_example(tokenizer, prompt_text, r["trajectory"], max_len=max_len)
         n_prompt = len(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
-        answer, copied, from_obs = token_kinds(tokenizer, r["prompt"], domain, r["trajectory"], n_prompt, ex.input_ids,
-                                     ex.loss_mask)
+        answer, copied, from_obs = token_kinds(tokenizer, r["prompt"], domain, r["trajectory"], n_prompt,
+                                               ex.input_ids, ex.loss_mask)
         ids = torch.tensor([ex.input_ids], device=device)
         pred = model(input_ids=ids, use_cache=False).logits[0, :-1].argmax(-1).tolist()  # [L-1]
         exact = any(answer)

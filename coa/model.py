@@ -121,8 +121,9 @@ def mimetic_init(model: Qwen2ForCausalLM, generator: torch.Generator, qk: tuple[
     value-output product W_o W_v of ``a*Z - b*I`` (Z Gaussian with variance 1/d; ``qk`` and ``vo`` are
     (a, b)): the weights pretrained attention layers have. On synthetic frames of one shape that only
     copying solves (bench/copying.py) the default init does not learn to copy a number from its context
-    in 1M tokens and this one does; on frames of varied shape, and mixed into SFT, neither does (README). Query heads that
-    share a KV head get the same query weights, and their output blocks share the value-output product.
+    in 1M tokens and this one does; on frames of varied shape, and mixed into SFT, neither does (README).
+    Query heads that share a KV head get the same query weights, and their output blocks share the
+    value-output product.
     """
     d, n_heads, n_kv = model.config.hidden_size, model.config.num_attention_heads, model.config.num_key_value_heads
     head_dim, group = d // n_heads, n_heads // n_kv
