@@ -53,16 +53,40 @@ def test_exp_metrics_reads_dvc_exp_show_json():
     assert rows == [{"experiment": "lr-hi", "sft.final_loss": 0.4, "eval.rl.accuracy": 0.1}]
 
 
-def _task_runs(flow_run_id):
+def _task_runs(flow_run_id, names, until=lambda logs: True, timeout_s=30.0):
+    """(task runs by name, their log messages by name, artifacts) of a flow run, as the Prefect API has them.
+
+    Prefect 3 sends both from background workers: task logs go in batches through the APILogWorker, and
+    task runs are recorded by the server from the state events the EventsWorker sends. A flow that ends in
+    under a second ends before either has been sent. So first flush both (each blocks until its worker has
+    sent what it holds), then read; until the task runs ``names`` are all there in a final state and
+    ``until(logs)`` holds, read again, for at most ``timeout_s``; the caller's assertions then judge."""
+    import time
+
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogHandler
 
+    APILogHandler().flush()  # prefect 3: an instance method; drains the APILogWorker (at most 5 s)
+    EventsWorker.drain_all(timeout=5)  # a later event starts a fresh worker
+
+    def settled(runs, logs):
+        return (set(names) <= set(runs) and all(r.state is not None and r.state.is_final() for r in runs.values())
+                and until(logs))
+
+    deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        logs = {r.name: [g.message for g in client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(any_=[r.id])))]
-                for r in runs}
+        while True:
+            found = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            runs = {r.name: r for r in found}
+            logs = {r.name: [g.message for g in client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(any_=[r.id])))]
+                    for r in found}
+            if settled(runs, logs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
         artifacts = client.read_artifacts()
-    return {r.name: r for r in runs}, logs, artifacts
+    return runs, logs, artifacts
 
 
 @pytest.mark.slow
@@ -91,12 +115,13 @@ def test_pipeline_flow_runs_a_new_dag_in_prefects_harness(tmp_path, monkeypatch)
     with prefect_test_harness(server_startup_timeout=120):  # 30 s by default: too short on 2 busy cores
         state = pipeline(retries=0, return_state=True)
         assert state.is_completed() and state.result() == ["make", "after"]
-        runs, logs, artifacts = _task_runs(state.state_details.flow_run_id)
-        assert any("writing a.txt" in line for line in logs["make"])  # the stage's own output, in its task log
+        wrote = lambda logs: any("writing a.txt" in line for line in logs.get("make", []))  # noqa: E731
+        runs, logs, artifacts = _task_runs(state.state_details.flow_run_id, ["make", "after"], until=wrote)
+        assert wrote(logs)  # the stage's own output, in its task log
         assert [i.id for i in runs["after"].task_inputs["wait_for"]] == [runs["make"].id]  # the DAG's edge
         assert {a.key for a in artifacts} == {"after-metrics"}
         again = pipeline(retries=0, return_state=True)
-        runs, logs, artifacts = _task_runs(again.state_details.flow_run_id)
+        runs, logs, artifacts = _task_runs(again.state_details.flow_run_id, ["make", "after"])
         assert {r.state.name for r in runs.values()} == {"Skipped"}
         assert len(artifacts) == 1  # nothing republished
     assert (tmp_path / "b.txt").read_text() == "hello"
