@@ -2,7 +2,8 @@
 
 On CPUs without AVX-512 BF16 or AMX (most laptops, AVX2 servers) a bf16 matmul is emulated and runs
 ~40x slower than float32, so ``auto`` picks float32 there; CUDA devices with bf16 support and CPUs
-with AVX512_BF16/AMX get bfloat16. Every stage logs the dtype it resolved.
+with AVX512_BF16/AMX get bfloat16. Every stage logs the dtype it resolved; its metrics JSON records it
+beside ``hardware_facts()`` (torch's CPU kernel level, AMX, AVX512_BF16).
 
     >>> resolve_dtype("float32")
     torch.float32
@@ -27,6 +28,19 @@ def _cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
+def _torch_probe(name: str) -> bool:
+    check = getattr(torch.cpu, name, None)
+    return bool(check is not None and check())
+
+
+def cpu_bf16_features() -> dict[str, bool]:
+    """Which native bf16 units this CPU has: ``amx`` (AMX tiles, Sapphire Rapids and later) and
+    ``avx512_bf16``; torch's probes first, then /proc/cpuinfo's flags."""
+    flags = _cpu_flags()
+    return {"amx": _torch_probe("_is_amx_tile_supported") or "amx_bf16" in flags,
+            "avx512_bf16": _torch_probe("_is_avx512_bf16_supported") or "avx512_bf16" in flags}
+
+
 def native_bf16(device: str | torch.device = "cpu") -> bool:
     """Whether ``device`` computes bf16 matmuls natively (CUDA with bf16; CPU with AVX512_BF16 or AMX)."""
     dev = torch.device(device)
@@ -34,11 +48,7 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if dev.type != "cpu":
         return False
-    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        check = getattr(torch.cpu, probe, None)
-        if check is not None and check():
-            return True
-    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return any(cpu_bf16_features().values())
 
 
 def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
@@ -59,3 +69,20 @@ def default_device() -> torch.device:
 def cpu_capability() -> str:
     """torch's CPU kernel level (AVX2, AVX512, ...), quoted with every timing."""
     return torch.backends.cpu.get_cpu_capability()
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """``torch.bfloat16`` -> "bfloat16" (a name passes through): how metrics and logs write a dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
+def hardware_facts() -> dict[str, str | bool]:
+    """What a timing depends on, as every stage's metrics JSON records it: torch's CPU kernel level
+    (``cpu_capability``) and whether the CPU computes bf16 natively (``amx``, ``avx512_bf16``)."""
+    return {"cpu_capability": cpu_capability(), **cpu_bf16_features()}
+
+
+def compute_facts(dtype: str | torch.dtype | None) -> dict[str, str | bool]:
+    """What a stage that computes with a model records in its metrics JSON: ``dtype``, the dtype it computes
+    in (left out when None: a model served elsewhere), and ``hardware_facts()``."""
+    return {**({"dtype": dtype_name(dtype)} if dtype is not None else {}), **hardware_facts()}

@@ -6,7 +6,8 @@
 
 A schema failure raises `ArtifactError` naming the artifact, the failing checks and a few failing
 rows; so does an artifact that is missing, truncated or not parquet at all (one line: the file and the
-fix, naming the dvc.yaml stage whose outs hold it). Rows a stage does not keep go to a rejects file (`write_rejects`) with the reason, so counts
+fix, naming the dvc.yaml stage whose outs hold it), and a model folder that is not there (`model_folder`,
+checked before transformers could take the path for a Hub repo id). Rows a stage does not keep go to a rejects file (`write_rejects`) with the reason, so counts
 always reconcile.
 """
 
@@ -30,6 +31,29 @@ from schemas import Reject, polars_dtypes
 
 class ArtifactError(ValueError):
     """An artifact is missing, unreadable (truncated, not parquet) or does not match its schema."""
+
+
+class MissingModelError(ArtifactError):
+    """A local model (or tokenizer) folder that is not there, or holds no Hugging Face model. ``path`` and
+    ``reason`` let a caller that knows which stage writes the folder say so (stages/_stage.py)."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: {reason}; run the stage that writes it, or fix the path in params")
+
+
+def model_folder(path: str | Path, tokenizer_only: bool = False) -> Path:
+    """``path`` as a local Hugging Face folder (config.json; with ``tokenizer_only`` a tokenizer's files),
+    checked before transformers sees it: transformers takes a path that does not exist for a Hub repo id
+    ("models/base" is one in form) and retries the Hub for ~50 s before an OSError. Every model and
+    tokenizer folder coa loads goes through here; raises MissingModelError."""
+    path = Path(path)
+    if not path.is_dir():
+        raise MissingModelError(path, "no such model folder")
+    need = ("tokenizer.json", "tokenizer_config.json") if tokenizer_only else ("config.json",)
+    if not any((path / name).is_file() for name in need):
+        raise MissingModelError(path, f"not a Hugging Face model folder (no {' or '.join(need)})")
+    return path
 
 
 _REPO = Path(__file__).resolve().parents[1]

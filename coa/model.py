@@ -32,6 +32,7 @@ from transformers import (
 
 from coa.config import TinyModelConfig
 from coa.format import TAGS
+from coa.io import model_folder
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +156,17 @@ def n_params(model: torch.nn.Module) -> int:
 
 
 def load_pretrained(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """(model, tokenizer) from a local Hugging Face folder; a clear error when it is not one."""
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path}: not a Hugging Face model folder (no config.json); check the path in params")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    """(model, tokenizer) from a local Hugging Face folder; never the Hub: a folder that is not there
+    raises coa.io.MissingModelError at once (one line in a stage), not after ~50 s of Hub retries."""
+    path = model_folder(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
     return model, tokenizer
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a local Hugging Face folder (a tokenizer-only folder will do); never the Hub."""
+    return AutoTokenizer.from_pretrained(model_folder(path, tokenizer_only=True), local_files_only=True)
 
 
 def smollm2_gguf() -> Path:
@@ -186,10 +191,16 @@ def load_smollm2() -> tuple[Any, Any]:
     the same config.
     """
     gguf = smollm2_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                  local_files_only=True)
     config = loaded.config
     config.architectures = [type(loaded).__name__]
+    # A plain checkpoint: without this, transformers reloads the saved folder as a packed GGUF model
+    # (every matmul casting its inputs) and vLLM refuses it.
+    for key in ("quantization_config", "_model_name_or_path"):
+        if hasattr(config, key):
+            delattr(config, key)
     fresh = type(loaded)(config)
     fresh.load_state_dict(loaded.state_dict())
     fresh.generation_config = loaded.generation_config

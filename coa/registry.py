@@ -112,8 +112,8 @@ def _log_transformers_model(mlflow: Any, model_dir: Path) -> Any:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     # explicit requirements: MLflow's inference imports torchvision, which this environment does not have
     reqs = [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
     with _hub_offline():

@@ -27,9 +27,11 @@ def agent_limits(cfg: AgentLimitsConfig) -> Limits:
 def engine_from(cfg: Any, model_path: str) -> Any:
     """A rollout engine from an `engine:` params section (coa.config.EngineConfig) and a model folder; its
     rollouts report progress (coa.progress.tracked)."""
+    from coa.io import model_folder
     from coa.progress import tracked
     from coa.rollout import make_engine
 
+    model_folder(model_path, tokenizer_only=cfg.kind == "openai")  # a local folder, never a Hub repo id
     if cfg.kind == "hf":
         device = "cuda" if _cuda() else "cpu"
         engine = make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device)
@@ -39,6 +41,17 @@ def engine_from(cfg: Any, model_path: str) -> Any:
         engine = make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
                              api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)
     return tracked(engine, f"{cfg.kind} rollouts of {model_path}")
+
+
+def engine_dtype(cfg: Any) -> str | None:
+    """The compute dtype an `engine:` section runs its model in, as a name ("bfloat16", "float32"): hf's
+    `dtype` resolved on this machine (coa.device), vllm's as given (vLLM resolves "auto" from the model's
+    config itself), None for openai (the model runs elsewhere)."""
+    if cfg.kind == "hf":
+        from coa.device import dtype_name, resolve_dtype
+
+        return dtype_name(resolve_dtype(cfg.dtype, "cuda" if _cuda() else "cpu"))
+    return cfg.dtype if cfg.kind == "vllm" else None
 
 
 def _cuda() -> bool:

@@ -193,6 +193,7 @@ def promote(metrics_path: str, model_dir: str, name: str, alias: str, tracking_u
 
 
 def main(argv: list[str] | None = None) -> int:
+    from coa.io import ArtifactError
     from coa.registry import RegistryError
 
     defaults = argparse.ArgumentDefaultsHelpFormatter
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return _run(args)
-    except RegistryError as err:  # one line that says what to do, not a traceback
+    except (RegistryError, ArtifactError) as err:  # one line that says what to do, not a traceback
         print(f"coa {args.command}: {err}", file=sys.stderr)
         return 1
 

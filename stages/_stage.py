@@ -3,7 +3,14 @@
     with Stage("curate", argv, outputs={"tasks": "curated tasks parquet"}) as st:
         st.params.curate ...            # validated coa.config.Params
         st.args.tasks                   # output path, given by dvc.yaml (paths live only there)
+        st.compute = compute_facts(dtype)  # a stage that computes with a model: dtype and CPU (coa.device)
         st.finish(metrics)              # metrics/<stage>.json + MLflow
+
+Every metrics JSON carries the stage's `wall_time_s` and `peak_rss_gb` (this process's peak resident set,
+RUSAGE_SELF: the work of every stage runs in its own process; its sandboxed tool calls are small and
+capped), and, where the stage set `st.compute`, `dtype`, `cpu_capability`, `amx` and `avx512_bf16`
+(MLflow: numbers as metrics, the rest as `coa.*` tags). A missing input artifact or model folder ends
+the stage with one line: for a model folder, the dvc.yaml stage that writes it (`writer_of`).
 
 The lineage tags (git commit, dependency hashes, pipeline-run id) come from coa.tracking.lineage_tags;
 engines, judge, tools and limits from coa.runtime; model registration is coa.tracking.register_model.
@@ -14,6 +21,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,10 +31,44 @@ import yaml
 from rich.logging import RichHandler
 
 from coa.config import ConfigError, Params, load_params, to_dict
-from coa.io import ArtifactError, write_json
+from coa.io import ArtifactError, MissingModelError, write_json
 from coa.tracking import lineage_tags, register_model, stage_run
 
 log = logging.getLogger("coa")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def writer_of(path: str | Path, dvc_yaml: Path | None = None) -> str | None:
+    """The dvc.yaml stage whose outs hold ``path`` (relative to the working directory, as dvc.yaml's are):
+    the working directory's dvc.yaml, else the repository's; None when no stage writes it."""
+    dvc_yaml = dvc_yaml or next((p for p in (Path("dvc.yaml"), ROOT / "dvc.yaml") if p.is_file()), None)
+    if dvc_yaml is None:
+        return None
+    try:
+        stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    rel = os.path.relpath(Path(path).absolute())
+    for name, spec in stages.items():
+        for out in (spec or {}).get("outs") or []:
+            out = os.path.normpath(next(iter(out)) if isinstance(out, dict) else str(out))
+            if rel == out or rel.startswith(out + os.sep):
+                return name
+    return None
+
+
+def missing_model_message(err: MissingModelError) -> str:
+    """One line: the folder, what is wrong, and the stage that writes it (or that no stage does)."""
+    stage = writer_of(err.path)
+    fix = (f"run `dvc repro {stage}` (the {stage} stage writes it)" if stage else
+           "no stage of dvc.yaml writes it: put a Hugging Face model folder there or fix the path in params")
+    return f"{err.path}: {err.reason}; {fix}"
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident set size so far, in GB (10^9 bytes); ru_maxrss is KiB on Linux, bytes on macOS."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak * (1 if sys.platform == "darwin" else 1024) / 1e9, 3)
 
 
 def setup_logging() -> None:
@@ -52,6 +95,7 @@ class Stage:
         except ConfigError as err:
             parser.exit(2, f"{parser.prog}: bad params in {self.args.params}: {err}\n")
         self.raw_params = yaml.safe_load(Path(self.args.params).read_text())
+        self.compute: dict[str, Any] = {}  # dtype and CPU facts of a stage that computes with a model
 
     def __enter__(self) -> Stage:
         self.start = time.perf_counter()
@@ -64,6 +108,8 @@ class Stage:
 
     def __exit__(self, *exc: Any) -> bool:
         suppressed = bool(self._ctx.__exit__(*exc))
+        if isinstance(exc[1], MissingModelError):  # the folder, and the stage that writes it
+            raise SystemExit(f"{self.name}: {missing_model_message(exc[1])}") from None
         if isinstance(exc[1], ArtifactError):  # a missing, unreadable or invalid input: its message, no traceback
             raise SystemExit(f"{self.name}: {exc[1]}") from None
         return suppressed
@@ -73,14 +119,18 @@ class Stage:
         return time.perf_counter() - self.start
 
     def finish(self, metrics: dict[str, Any], path: str | None = None, logged: dict[str, Any] | None = None) -> None:
-        """Write the stage's metrics JSON (with its wall time) and log the same to MLflow (or ``logged``
-        instead, e.g. the same figures under grouped names)."""
-        metrics = {**metrics, "wall_time_s": round(self.elapsed, 2)}
+        """Write the stage's metrics JSON (with its wall time, peak memory and ``self.compute``) and log the
+        same to MLflow (or ``logged`` instead, e.g. the same figures under grouped names); MLflow gets the
+        strings and flags of ``self.compute`` as ``coa.*`` tags."""
+        run_facts = {"wall_time_s": round(self.elapsed, 2), "peak_rss_gb": peak_rss_gb()}
+        metrics = {**metrics, **self.compute, **run_facts}
         if path is None:
             path = self.args.metrics
         write_json(path, metrics)
-        self.run.log_metrics({**(logged or metrics), "wall_time_s": metrics["wall_time_s"]}, grouped=bool(logged))
-        log.info("%s: done in %.1f s", self.name, self.elapsed)
+        self.run.log_metrics({**(logged or metrics), **run_facts}, grouped=bool(logged))
+        if self.compute:
+            self.run.set_tags({f"coa.{k}": str(v) for k, v in self.compute.items()})
+        log.info("%s: done in %.1f s, peak RSS %.2f GB", self.name, self.elapsed, run_facts["peak_rss_gb"])
 
     def register(self, model_dir: str | Path, name: str, tags: dict[str, str] | None = None) -> None:
         """Log the model folder to this run, register it as ``name`` (coa.tracking.register_model) and tag

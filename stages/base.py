@@ -22,9 +22,10 @@ import torch
 
 from coa import model as M
 from coa.config import derive_seed, to_dict
+from coa.device import compute_facts, default_device, resolve_dtype
 from coa.format import TAGS
 from coa.io import read_table
-from coa.pretrain import pretrain_copy, pretrain_texts
+from coa.pretrain import loop_config, pretrain_copy, pretrain_texts
 from coa.prompts import system_prompt
 from schemas import Document, Task
 from stages._stage import Stage
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> None:
             model, tok = M.load_pretrained(Path(cfg.model_dir) / cfg.hf_path)
         else:
             model, tok = M.load_smollm2()
+        pretrained = cfg.kind == "tiny" and cfg.pretrain.examples
+        # the dtype of the copy pretraining where it ran (train_sft's resolution), else of the weights written
+        st.compute = compute_facts(resolve_dtype(loop_config(cfg.pretrain).dtype, default_device()) if pretrained
+                                   else next(model.parameters()).dtype)
         M.save_pretrained(model, tok, out, resolved)
         metrics = {"params": M.n_params(model), "vocab_size": len(tok), "kind": cfg.kind, **extra}
         log.info("base: %s model, %.2fM parameters, vocabulary %d", cfg.kind, metrics["params"] / 1e6, len(tok))

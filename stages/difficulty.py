@@ -21,10 +21,11 @@ import time
 import polars as pl
 
 from coa.config import derive_seed
+from coa.device import compute_facts
 from coa.difficulty import covered, rejects, sample_closed_book, summary, task_stats
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
-from coa.runtime import engine_from
+from coa.runtime import engine_dtype, engine_from
 from schemas import TASK_STATS_DTYPES, Task, TaskStats
 from stages._stage import Stage
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         tasks = read_table(st.args.tasks, Task).sort("task_id").to_dicts()
         todo = [t for t in tasks if covered(t, cfg.domains, cfg.splits)]
         engine = engine_from(cfg.engine, cfg.model_path)
+        st.compute = compute_facts(engine_dtype(cfg.engine))
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
                             seed=derive_seed(st.params.common.seed, "difficulty"))
         start = time.perf_counter()

@@ -34,7 +34,15 @@ import coa.teacher
 import coa.tools
 from coa.config import to_dict
 from coa.distill import jsonl, llamafactory_dataset_info, llamafactory_records, sharegpt_records
-from coa.io import first_per_domain, md5_path, read_table, write_json, write_rejects, write_table
+from coa.io import (
+    first_per_domain,
+    md5_path,
+    model_folder,
+    read_table,
+    write_json,
+    write_rejects,
+    write_table,
+)
 from coa.metrics import token_counter
 from coa.teach import TeacherOutage, distill_tasks, make_teacher
 from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, TaskStats, Trajectory
@@ -70,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
         if cfg.max_tasks:
             tasks = tasks.head(cfg.max_tasks)
         teacher = make_teacher(cfg, st.params.common.tools, st.args.index)
-        count = token_counter(AutoTokenizer.from_pretrained(st.args.base))
+        count = token_counter(AutoTokenizer.from_pretrained(model_folder(st.args.base, tokenizer_only=True),
+                                                            local_files_only=True))  # never the Hub
         try:
             result = distill_tasks(tasks.to_dicts(), teacher, cfg, seed, Path(st.args.cache),
                                    salt := _cache_salt(st.params, st.args.index), count)

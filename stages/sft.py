@@ -31,6 +31,7 @@ import time
 from contextlib import nullcontext
 
 from coa.config import derive_seed, to_dict
+from coa.device import compute_facts, default_device, resolve_dtype
 from coa.diagnostics import teacher_forced
 from coa.io import read_table, write_json
 from coa.model import load_pretrained
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         hold = zero3_loading(cfg)  # ZeRO-3: each rank loads only its shard of the weights
         model, tok = load_pretrained(st.args.base)
         del hold
+        st.compute = compute_facts(resolve_dtype(cfg.dtype, default_device()))  # train_sft's autocast dtype
         start = time.perf_counter()
         examples, truncated = encode_trajectories(tok, records, cfg.max_len)
         log.info("sft: %d trajectories tokenised in %.1f s (%d tokens)", len(examples),

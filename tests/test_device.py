@@ -54,3 +54,17 @@ def test_shipped_params_use_auto():
 
     text = (Path(__file__).resolve().parents[1] / "params.yaml").read_text()
     assert "bfloat16" not in text and "float32" not in yaml.safe_dump(yaml.safe_load(text))
+
+
+@pytest.mark.parametrize("kw, amx, avx512_bf16", [({"flags": "avx2 fma"}, False, False),
+                                                   ({"flags": "avx512f avx512_bf16"}, False, True),
+                                                   ({"amx": True}, True, False),
+                                                   ({"avx512_bf16": True, "flags": "amx_tile amx_bf16"}, True, True)])
+def test_hardware_facts_name_the_bf16_units(monkeypatch, kw, amx, avx512_bf16):
+    _cpu(monkeypatch, **kw)
+    facts = device.hardware_facts()
+    assert facts == {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "amx": amx,
+                     "avx512_bf16": avx512_bf16}
+    assert native_bf16("cpu") == (amx or avx512_bf16)
+    assert device.compute_facts(torch.bfloat16) == {"dtype": "bfloat16", **facts}
+    assert device.compute_facts("float32")["dtype"] == "float32" and "dtype" not in device.compute_facts(None)

@@ -61,6 +61,8 @@ def test_smollm2_converts_to_a_loadable_checkpoint_that_answers(tmp_path):
     M.save_pretrained(model.to(torch.bfloat16), tok, tmp_path / "ref", {})
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ref", dtype=torch.float32)
     loaded_tok = AutoTokenizer.from_pretrained(tmp_path / "ref")
+    saved = json.loads((tmp_path / "ref" / "config.json").read_text())
+    assert "quantization_config" not in saved  # a plain checkpoint: reloads unpacked, vLLM takes it
     assert 130e6 < M.n_params(loaded) < 140e6
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     inputs = loaded_tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)

@@ -88,6 +88,7 @@ def test_500s_and_hangs_within_the_retry_budget_lose_no_task(stage_dir):
         assert server.failed > 0 and server.hung > 0  # both faults really happened
     assert m["tasks"] == N and m["teacher_outages"] == 0 and m["teacher_accuracy"] == 1.0
     assert m["kept"] + m["rejected"] == N and m["kept"] > 0
+    assert m["wall_time_s"] > 0 and m["peak_rss_gb"] > 0 and "dtype" not in m  # no model computes here
     assert read_table(stage_dir / "data/transcripts.parquet", Transcript)["error"].is_null().all()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
 import yaml
 
 from coa import model as M
@@ -135,6 +136,9 @@ def test_sft_stage_writes_model_metrics_plot_and_registers(tmp_path, monkeypatch
     assert 0 < metrics["target_fraction"] < 1 and metrics["tokens_trained"] == 2 * metrics["dataset_tokens"]
     assert metrics["heldout.trajectories"] == 3 and 0 <= metrics["heldout.copy_accuracy"] <= 1
     assert metrics["heldout.token_tokens"] > 0  # target tokens the accuracy is over
+    assert metrics["peak_rss_gb"] > 0 and metrics["dtype"] == "bfloat16"  # sft.dtype, as resolved
+    assert metrics["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert isinstance(metrics["amx"], bool) and isinstance(metrics["avx512_bf16"], bool)
     plot = json.loads((tmp_path / "plots/sft_loss.json").read_text())
     assert [p["step"] for p in plot] == list(range(1, metrics["steps"] + 1))
     assert set(plot[0]) == {"step", "loss", "lr", "grad_norm", "epoch"}
@@ -151,6 +155,8 @@ def test_sft_stage_writes_model_metrics_plot_and_registers(tmp_path, monkeypatch
     assert len(versions) == 1
     run = mlflow.get_run(versions[0].run_id)
     assert run.data.tags["coa.stage"] == "sft" and "train.loss" in run.data.metrics
+    assert run.data.metrics["peak_rss_gb"] > 0 and run.data.tags["coa.dtype"] == "bfloat16"  # strings: tags
+    assert run.data.tags["coa.cpu_capability"] == metrics["cpu_capability"] and "dtype" not in run.data.metrics
     history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "train.loss")
     assert len(history) == metrics["steps"]
 
