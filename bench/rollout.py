@@ -1,104 +1,152 @@
-"""Rollout throughput of the hf engine: continuous batching versus the same code path one row at a time.
+"""Rollout throughput of the hf engine on a real policy, beside a bare transformers loop on the same weights.
 
-    python bench/rollout.py                          # models/base, 32 eval tasks, tools over data/index
-    python bench/rollout.py --batches 1,8,32,64 --tasks 64 --turn-tokens 96 --threads 0
-    python bench/rollout.py --model models/sft      # a policy that calls tools
+    python bench/rollout.py                                  # models/sft, 60 eval tasks, batches 16,64,128
+    python bench/rollout.py --model models/base --per-domain 10 --batches 16,64
+    python bench/rollout.py --engine-only                    # skip the bare loop
 
-Both runs roll out the same requests greedily, so they do the same work (the bench checks that the token
-ids agree) and generated policy tokens per second compare directly. Target: the largest batch >= 4x
-max_batch=1. Without the artifacts (dvc repro base index curate) it builds a fresh tiny model and uses
-synthetic questions with no tools.
+Per max_batch, in a fresh process each (so peak RSS is that run's): the hf engine rolls out the first
+``--per-domain`` eval tasks of each domain once, with the eval stage's limits (``common.agent``), tools and
+sampling (``eval.sampling``), and reports policy tokens/s (tokens the policy sampled over the engine's wall
+time: ingest of prompts and observations, tools and stop checks included), its forward steps, the KV
+cache's peak and the process's peak RSS. Beside it, the ceiling for those shapes on the same weights and
+dtype: a bare transformers loop (a DynamicCache, one forward per token, greedy, no tools) decoding
+``--bare-new`` tokens after ``--bare-prompt``-token prompts at the same batch, and its prefill tokens/s.
+Prints a table and, with ``--out``, writes the rows as JSON. Needs ``dvc repro distill`` (tasks, index)
+and a policy folder; quote ``cpu`` (torch.backends.cpu.get_cpu_capability()) with the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from coa.prompts import render_prompt
-from coa.rollout import Limits, Request, Sampling
-from coa.rollout.hf import HFEngine
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load(n_tasks: int, model_dir: Path):
-    """(model, tokenizer, requests, tools factory) from the artifacts, or a fresh tiny stand-in."""
-    tasks_path, base, index = ROOT / "data/tasks.parquet", model_dir, ROOT / "data/index"
-    if tasks_path.exists() and (base / "config.json").exists():
-        import polars as pl
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
-        from coa.model import load_pretrained
-        from coa.tools import ToolSession, build_tools
 
-        model, tok = load_pretrained(base)
-        tasks = pl.read_parquet(tasks_path).filter(pl.col("split") == "eval").head(n_tasks).to_dicts()
-        requests = [Request(t["task_id"], render_prompt(tok, t["question"], t["domain"]), t["domain"]) for t in tasks]
-        try:
-            from coa.config import load_params
+def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str) -> dict:
+    """The eval stage's rollouts of one policy at one max_batch (this process)."""
+    import polars as pl
 
-            cfg = load_params(ROOT / "params.yaml").common.tools
-            tools = build_tools(cfg, index_dir=index if index.exists() else None)
-            max_chars = cfg.max_observation_chars
-        except Exception as err:  # noqa: BLE001 - a bench still runs without tools
-            print(f"(no tools: {err})")
-            return model, tok, requests, lambda request: None
-        return model, tok, requests, lambda request: ToolSession(tools, max_chars=max_chars)
-    from coa.config import TinyModelConfig
-    from coa.model import build_tiny_model, train_tokenizer
+    from coa.config import load_params
+    from coa.io import first_per_domain
+    from coa.prompts import render_prompt
+    from coa.rollout import Request, Sampling, make_engine
+    from coa.runtime import agent_limits, tools_factory
 
-    print("(artifacts missing: a fresh tiny model, synthetic questions, no tools)")
-    texts = [f"Question {i}: where was person {i} born, and in which year?" for i in range(2000)]
-    tok = train_tokenizer(texts, vocab_size=4096, min_frequency=2)
-    cfg = TinyModelConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                          intermediate_size=768, max_position_embeddings=4096, rope_theta=10000.0)
-    model = build_tiny_model(tok, cfg, seed=0)
-    requests = [Request(f"t{i}", render_prompt(tok, texts[i], "web"), "web") for i in range(n_tasks)]
-    return model, tok, requests, lambda request: None
+    params = load_params(ROOT / "params.yaml")
+    engine = make_engine("hf", model_dir, dtype=dtype, max_batch=max_batch)
+    tasks = first_per_domain(pl.read_parquet(ROOT / "data/tasks.parquet").filter(pl.col("split") == "eval"),
+                             per_domain).to_dicts()
+    tools = tools_factory(params.common.tools, str(ROOT / "data/index"))
+    limits = agent_limits(params.common.agent)
+    stats, tokens, wall, calls = [], 0, 0.0, 0
+    for domain in ("web", "math", "code"):  # one call per domain, as the eval stage samples them
+        part = [t for t in tasks if t["domain"] == domain]
+        s = params.eval.sampling[domain]
+        requests = [Request(t["task_id"], render_prompt(engine.tokenizer, t["question"], domain), domain) for t in part]
+        rollouts = engine.rollout(requests, Sampling(temperature=s.temperature, top_p=s.top_p, seed=1), limits, tools)
+        stats.append(engine.stats)
+        tokens += engine.stats.policy_tokens
+        wall += engine.stats.wall_s
+        calls += sum(r.n_tool_calls for r in rollouts)
+    return {"kind": "engine", "max_batch": max_batch, "tasks": len(tasks), "policy_tokens": tokens,
+            "wall_s": round(wall, 2), "policy_tokens_per_s": round(tokens / wall, 1),
+            "decode_steps": sum(s.decode_steps for s in stats), "ingest_steps": sum(s.ingest_steps for s in stats),
+            "fed_tokens": sum(s.fed_tokens for s in stats), "tool_calls": calls,
+            "tool_wait_s": round(sum(s.tool_wait_s for s in stats), 2),
+            "kv_peak_gb": round(max(s.kv_peak_bytes for s in stats) / 1e9, 3), "peak_rss_gb": round(peak_rss_gb(), 2)}
+
+
+@torch.inference_mode()
+def bare_run(model_dir: str, batch: int, prompt: int, new: int, dtype: str) -> dict:
+    """A bare transformers loop: prefill ``batch`` prompts of ``prompt`` tokens, then ``new`` greedy decode steps."""
+    from transformers import DynamicCache
+
+    from coa.device import resolve_dtype
+    from coa.model import load_pretrained
+
+    model, _ = load_pretrained(model_dir, dtype=resolve_dtype(dtype))
+    model.eval()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, model.config.vocab_size - 100, (batch, prompt), generator=gen)
+    cache = DynamicCache(config=model.config)
+    start = time.perf_counter()
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    prefill = time.perf_counter() - start
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    start = time.perf_counter()
+    for _ in range(new):
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+    decode = time.perf_counter() - start
+    return {"kind": "bare", "max_batch": batch, "prefill_tokens_per_s": round(batch * prompt / prefill, 1),
+            "decode_tokens_per_s": round(batch * new / decode, 1), "decode_steps": new,
+            "peak_rss_gb": round(peak_rss_gb(), 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=ROOT / "models/base", help="a policy folder (e.g. models/sft)")
-    parser.add_argument("--tasks", type=int, default=32)
-    parser.add_argument("--batches", default="1,32", help="max_batch values to run, comma-separated")
-    parser.add_argument("--turn-tokens", type=int, default=64, help="Limits.max_turn_tokens")
-    parser.add_argument("--total-tokens", type=int, default=2048, help="Limits.max_total_tokens")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (0: torch's default); 1 keeps a busy 2-core machine from "
-                             "stalling every matmul on a thread that waits for a core")
-    args = parser.parse_args(argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / "models/sft"))
+    ap.add_argument("--per-domain", type=int, default=20, help="first N eval tasks of each domain")
+    ap.add_argument("--batches", default="16,64,128")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--bare-prompt", type=int, default=256)
+    ap.add_argument("--bare-new", type=int, default=64)
+    ap.add_argument("--engine-only", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one config in this process
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok, requests, tools = load(args.tasks, args.model)
-    limits = Limits(max_turns=6, max_tool_calls=4, max_turn_tokens=args.turn_tokens,
-                    max_total_tokens=args.total_tokens)
-    sampling = Sampling(temperature=0.0)
-    print(f"{len(requests)} requests, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
-          f"{torch.get_num_threads()} threads, limits {limits}")
-    HFEngine(model, tok, max_batch=4).rollout(requests[:4], sampling, limits, tools)  # warm-up
-    results = {}
-    for max_batch in [int(b) for b in args.batches.split(",")]:
-        engine = HFEngine(model, tok, max_batch=max_batch)
-        start = time.perf_counter()
-        rollouts = engine.rollout(requests, sampling, limits, tools)
-        wall = time.perf_counter() - start
-        tokens = sum(r.n_policy_tokens for r in rollouts)
-        s = engine.stats
-        results[max_batch] = (tokens / wall, [r.response_ids for r in rollouts])
-        print(f"max_batch {max_batch:3d}: {tokens:6d} policy tokens in {wall:7.2f} s = {tokens / wall:8.1f} tok/s  "
-              f"(steps {s.decode_steps} decode + {s.ingest_steps} ingest, {s.compactions} compactions, "
-              f"{sum(r.n_tool_calls for r in rollouts)} tool calls, tool wait {s.tool_wait_s:.2f} s)")
-    smallest, largest = min(results), max(results)
-    same = results[smallest][1] == results[largest][1]
-    ratio = results[largest][0] / results[smallest][0]
-    print(f"speed-up max_batch {largest} / {smallest}: {ratio:.2f}x (target >= 4x: {'met' if ratio >= 4 else 'MISSED'}); "
-          f"same token ids: {same}")
-    return 0 if ratio >= 4 and same else 1
+    if args.one:
+        kind, batch = args.one.split(":")
+        row = (engine_run(args.model, args.per_domain, int(batch), args.dtype) if kind == "engine"
+               else bare_run(args.model, int(batch), args.bare_prompt, args.bare_new, args.dtype))
+        print("ROW " + json.dumps(row))
+        return 0
+    from coa.device import cpu_capability, hardware_facts, resolve_dtype
+
+    facts = {**hardware_facts(), "dtype": str(resolve_dtype(args.dtype)).removeprefix("torch."),
+             "threads": args.threads or torch.get_num_threads(), "model": args.model}
+    print(json.dumps(facts))
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        for kind in ("engine",) if args.engine_only else ("engine", "bare"):
+            cmd = [sys.executable, __file__, "--one", f"{kind}:{batch}", "--model", args.model, "--per-domain",
+                   str(args.per_domain), "--dtype", args.dtype, "--bare-prompt", str(args.bare_prompt),
+                   "--bare-new", str(args.bare_new), "--threads", str(args.threads)]
+            run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            line = next((ln for ln in run.stdout.splitlines() if ln.startswith("ROW ")), None)
+            if line is None:
+                print(run.stdout[-2000:], run.stderr[-4000:], file=sys.stderr)
+                return 1
+            row = json.loads(line[4:])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\ncpu {cpu_capability()}, dtype {facts['dtype']}, {facts['threads']} threads, {args.model}")
+    print("| max_batch | engine policy tok/s | steps (decode + ingest) | KV peak GB | engine peak RSS GB "
+          "| bare decode tok/s | bare prefill tok/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for batch in sorted({r["max_batch"] for r in rows}):
+        e = next(r for r in rows if r["max_batch"] == batch and r["kind"] == "engine")
+        b = next((r for r in rows if r["max_batch"] == batch and r["kind"] == "bare"), {})
+        print(f"| {batch} | {e['policy_tokens_per_s']} | {e['decode_steps']} + {e['ingest_steps']} | {e['kv_peak_gb']} "
+              f"| {e['peak_rss_gb']} | {b.get('decode_tokens_per_s', '-')} | {b.get('prefill_tokens_per_s', '-')} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"facts": facts, "rows": rows}, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

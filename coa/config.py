@@ -420,6 +420,9 @@ class EvalConfig:
     splits: list[str] = _help("Splits of data/tasks.parquet evaluated (the held-out [eval]).")
     max_tasks: int = _help("Most tasks per domain (the first by task_id); 0 = all.")
     k: int = _help("Samples per task: accuracy is avg@k, with pass@1..k and best-of-k (the paper: 16 for small sets).")
+    base_max_tasks: int = _help("Most eval-split tasks per domain for the base model's zero-shot run (the first by "
+                                "task_id; 0 = max_tasks): it has not learned the format and writes to its limits, "
+                                "so a small sample measures it without eating the budget.")
     sampling: dict[str, DomainSamplingConfig] = _help("Per domain (web, math, code): temperature and top_p.")
     teacher: bool = _help("Also run the teacher team (distill.teacher) on the same tasks, k times, for accuracy and cost.")
     benchmarks: list[SourceConfig] = _help("Public sets evaluated beside the split (curate.sources entries: kind, "
@@ -432,6 +435,7 @@ class EvalConfig:
                  f"must be a non-empty subset of {list(SPLITS)}")
         _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
         _require(self.k >= 1, "k", "must be >= 1")
+        _require(self.base_max_tasks >= 0, "base_max_tasks", "must be >= 0 (0 = max_tasks)")
         _require(set(self.sampling) == {"web", "math", "code"}, "sampling",
                  "must have exactly the keys web, math and code")
         _require(self.n_boot >= 100, "n_boot", "must be >= 100")

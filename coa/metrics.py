@@ -45,6 +45,30 @@ def bootstrap_ci(values: Sequence[float], n_boot: int, seed: int, level: float =
     return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
 
 
+def paired_difference(a: Mapping[tuple[str, int], bool], b: Mapping[tuple[str, int], bool], n_boot: int,
+                      seed: int, level: float = 0.95) -> dict[str, float]:
+    """Accuracy of ``a`` minus ``b`` on the attempts both made ((task_id, sample) -> correct), with a paired
+    percentile bootstrap interval that resamples tasks (a task's samples stay together, so the interval
+    reflects task-to-task variation and not only sampling noise). Keys: accuracy_diff, ci_low, ci_high,
+    tasks, attempts."""
+    both = sorted(set(a) & set(b))
+    per_task: dict[str, list[float]] = {}
+    for key in both:
+        per_task.setdefault(key[0], []).append(float(a[key]) - float(b[key]))
+    diffs = np.asarray([sum(v) / len(v) for v in per_task.values()], dtype=float)
+    weights = np.asarray([len(v) for v in per_task.values()], dtype=float)
+    if diffs.size == 0:
+        return {"accuracy_diff": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "tasks": 0, "attempts": 0}
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, diffs.size, size=(n_boot, diffs.size))
+    means = (diffs[draws] * weights[draws]).sum(axis=1) / weights[draws].sum(axis=1)
+    tail = (1 - level) / 2 * 100
+    return {"accuracy_diff": round(float((diffs * weights).sum() / weights.sum()), 4),
+            "ci_low": round(float(np.percentile(means, tail)), 4),
+            "ci_high": round(float(np.percentile(means, 100 - tail)), 4),
+            "tasks": int(diffs.size), "attempts": len(both)}
+
+
 def self_score(text: str) -> int:
     """The policy's own confidence in a trajectory: its last <double_check> score (1-4), 0 without one."""
     try:

@@ -79,10 +79,18 @@ class tracked:  # noqa: N801 (reads as a function at the call site)
     """An engine whose `rollout` calls report while they run; everything else passes through.
 
     An engine rolls a whole batch out in one call, so the heartbeat reports what it can see live: the
-    trajectories in the call, the model steps so far (the hf engine's `stats.steps`) and the time."""
+    trajectories in the call, the model steps so far (the hf engine's `stats.steps`) and the time.
+    ``throughput()`` sums the calls: policy tokens, seconds and policy tokens per second (the rollout
+    stages' ``policy_tokens_per_s``)."""
 
     def __init__(self, engine: Any, desc: str) -> None:
         self._engine, self._desc = engine, desc
+        self.policy_tokens, self.rollout_s = 0, 0.0  # over every rollout call (any engine)
+
+    def throughput(self) -> dict[str, float]:
+        """Policy tokens sampled over the seconds spent in rollout calls (tools and ingest included)."""
+        return {"policy_tokens": self.policy_tokens, "rollout_s": round(self.rollout_s, 2),
+                "policy_tokens_per_s": round(self.policy_tokens / self.rollout_s, 1) if self.rollout_s else 0.0}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -116,8 +124,11 @@ class tracked:  # noqa: N801 (reads as a function at the call site)
         thread = threading.Thread(target=beat, daemon=True)
         thread.start()
         try:
-            return self._engine.rollout(requests, sampling, limits, tools)
+            rollouts = self._engine.rollout(requests, sampling, limits, tools)
+            self.policy_tokens += sum(r.n_policy_tokens for r in rollouts)
+            return rollouts
         finally:
+            self.rollout_s += time.monotonic() - start
             done.set()
             thread.join()
             if bar is not None:

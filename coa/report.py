@@ -1,8 +1,9 @@
 """The eval stage's figures from its attempt rows: a flat metrics section per model (plot rows and the
 headline table from them are coa.plots).
 
-    from coa.report import eval_metrics
+    from coa.report import compare, eval_metrics
     metrics = eval_metrics(rows, ["base", "sft", "rl", "teacher"], k=2, n_boot=1000, seed=7, timings={...})
+    compare(rows, "rl", "sft", n_boot=1000, seed=7)   # {accuracy_diff, ci_low, ci_high, tasks, attempts}
 
 Each section holds the eval split overall and per domain, then each benchmark group (`bench:<kind>.`),
 from coa.evaluate.summarize (means per attempt), the eval wall time and, for the students, the ratio of
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from coa.evaluate import summarize
+from coa.metrics import paired_difference
 
 
 def task_slices(tasks: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
@@ -48,6 +50,15 @@ def eval_metrics(rows: list[dict[str, Any]], models: list[str], k: int, n_boot: 
         if teacher_tokens and name != "teacher" and "tokens_per_task" in metrics[name]:
             metrics[name]["cost_ratio_vs_teacher"] = round(metrics[name]["tokens_per_task"] / teacher_tokens, 4)
     return metrics
+
+
+def compare(rows: list[dict[str, Any]], a: str, b: str, n_boot: int, seed: int) -> dict[str, float]:
+    """``a`` against ``b`` on the eval split, paired on the same tasks and samples (coa.metrics.paired_difference):
+    accuracy_diff (a - b), its bootstrap 95% interval, and how many tasks and attempts were paired."""
+    def outcomes(name: str) -> dict[tuple[str, int], bool]:
+        return {(r["task_id"], r["sample"]): bool(r["correct"]) for r in rows if r["model"] == name and r["group"] == "eval"}
+
+    return paired_difference(outcomes(a), outcomes(b), n_boot, seed)
 
 
 def _slice_accuracy(rows: list[dict[str, Any]], slices: Mapping[str, list[str]]) -> dict[str, float]:

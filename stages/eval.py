@@ -15,7 +15,10 @@ Per model (metrics/eval.json, one flat section each: base, sft, rl, teacher), on
 benchmark under its own `bench:<kind>.` keys): accuracy (avg@k) with its bootstrap 95% interval, pass@1..k (the unbiased estimator), best-of-k (self-selected: the policy's own
 double-check score, then the majority answer), format validity, tokens, tool calls and turns per attempt,
 the same per domain and benchmark, and for the students the billed-token ratio to the teacher
-(coa.metrics.billed_tokens, the student's tokenizer for both). Plots (--plots) and one small headline file
+(coa.metrics.billed_tokens, the student's tokenizer for both) and the engine's policy tokens per second.
+`rl_vs_sft`: RL minus SFT accuracy on the same tasks and samples with a paired bootstrap 95% interval
+(coa.report.compare). The base model answers only `base_max_tasks` tasks per domain (zero-shot, it writes
+to its limits). Plots (--plots) and one small headline file
 per model (--headline, `dvc metrics show`): coa.plots. Promotion is not here (`coa promote` after the stage).
 
 The teacher runs first: an attempt whose team could not reach its backend (after the chat client's retries
@@ -32,15 +35,16 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from transformers import AutoTokenizer
 
 from coa.config import derive_seed
+from coa.device import compute_facts
 from coa.evaluate import evaluate_by_domain
 from coa.io import first_per_domain, read_table, write_table
 from coa.metrics import token_counter
+from coa.model import load_tokenizer
 from coa.plots import publish
-from coa.report import eval_metrics, task_slices
-from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
+from coa.report import compare, eval_metrics, task_slices
+from coa.runtime import agent_limits, engine_dtype, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
 from coa.teach import TeacherOutage, make_teacher, teacher_rows
 from schemas import EVAL_DTYPES, EvalRow, Task
@@ -72,10 +76,11 @@ def main(argv: list[str] | None = None) -> None:
                         "plots": "plots folder (JSON rows)",
                         "headline": "folder: one small JSON per model (dvc metrics show)"}) as st:
         cfg, seed = st.params.eval, st.params.common.seed
-        tok = AutoTokenizer.from_pretrained(st.args.base)  # counts every model's tokens, the teacher's too
+        tok = load_tokenizer(st.args.base)  # counts every model's tokens, the teacher's too
+        st.compute = compute_facts(engine_dtype(cfg.engine))
         sets = _task_sets(st)
         log.info("eval: %s, k=%d", ", ".join(f"{len(v)} {g} tasks" for g, v in sets.items()), cfg.k)
-        rows, timings = [], {}  # attempt rows of every model; each model's wall time
+        rows, timings, throughput = [], {}, {}  # attempt rows of every model; each model's wall time and rollout rate
         models = [(name, getattr(st.args, name)) for name in POLICIES] + ([("teacher", None)] if cfg.teacher else [])
         sessions, judge = tools_factory(st.params.common.tools, st.args.index), judge_from(st.params.common.judge)  # once
         for name, path in sorted(models, key=lambda m: m[0] != "teacher"):  # the teacher first: an outage fails fast
@@ -83,6 +88,11 @@ def main(argv: list[str] | None = None) -> None:
             engine = engine_from(cfg.engine, path) if path else None  # one engine per model, every group
             teacher = None if path else make_teacher(st.params.distill, st.params.common.tools, st.args.index)
             for group, part in sets.items():
+                if name == "base" and group == "eval" and cfg.base_max_tasks:
+                    keep = set(first_per_domain(pl.DataFrame({"task_id": [t["task_id"] for t in part],
+                                                              "domain": [t["domain"] for t in part]}),
+                                                cfg.base_max_tasks)["task_id"])
+                    part = [t for t in part if t["task_id"] in keep]
                 try:
                     got = (evaluate_by_domain(engine, part, cfg.k, cfg.sampling,
                                               partial(derive_seed, seed, "eval", name),  # the domain's seed
@@ -92,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
                     raise SystemExit(str(err)) from None
                 rows += [{**r, "model": name, "group": group} for r in got]
             timings[name] = round(time.perf_counter() - start, 2)
+            if engine is not None:
+                throughput[name] = engine.throughput()
             log.info("eval: %s in %.1f s", name, timings[name])
 
         renamed = {"tool_calls": "n_tool_calls", "turns": "n_turns"}  # the table's names for evaluate's keys
@@ -100,11 +112,20 @@ def main(argv: list[str] | None = None) -> None:
         metrics = eval_metrics(rows, [name for name, _ in models], cfg.k, cfg.n_boot, seed, timings,
                                task_slices(sets["eval"]) if "eval" in sets else None)
         publish(st.run, metrics, st.args.plots, st.args.headline)
+        for name, rate in throughput.items():
+            metrics[name]["policy_tokens_per_s"] = rate["policy_tokens_per_s"]
+        pooled = [sum(r[key] for r in throughput.values()) for key in ("policy_tokens", "rollout_s")]
+        metrics["policy_tokens_per_s"] = round(pooled[0] / pooled[1], 1) if pooled[1] else 0.0
+        if "sft" in throughput and "rl" in throughput:  # paired: the same tasks and samples
+            metrics["rl_vs_sft"] = compare(rows, "rl", "sft", cfg.n_boot, seed)
+            log.info("eval: rl - sft accuracy %+.4f [%+.4f, %+.4f] over %d tasks", metrics["rl_vs_sft"]["accuracy_diff"],
+                     metrics["rl_vs_sft"]["ci_low"], metrics["rl_vs_sft"]["ci_high"], metrics["rl_vs_sft"]["tasks"])
         log.info("eval: %s", "; ".join(f"{m} accuracy {s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, {s['accuracy_ci_high']:.3f}]"
                                        for m, s in metrics.items() if "accuracy" in s))
         # MLflow: grouped by model (rl/accuracy, rl/web/accuracy, rl/pass_at_4) instead of 200 flat names
         st.finish(metrics, logged={f"{model}/{key.replace('.', '/').replace('@', '_at_')}": v
-                                   for model, m in metrics.items() for key, v in m.items()})
+                                   for model, m in metrics.items() if isinstance(m, dict) for key, v in m.items()}
+                  | {"policy_tokens_per_s": metrics["policy_tokens_per_s"]})
 
 
 if __name__ == "__main__":

@@ -26,8 +26,10 @@ import polars as pl
 
 from coa.config import derive_seed, to_dict
 from coa.dapo import heldout_kl, train_dapo
+from coa.device import compute_facts, resolve_dtype
 from coa.io import first_per_domain, md5_path, read_table, write_json
 from coa.model import load_pretrained
+from coa.progress import tracked
 from coa.prompts import render_prompt
 from coa.rewards import RewardSpec, reward
 from coa.rollout.types import Request, Sampling
@@ -55,10 +57,12 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{st.args.rl_tasks}: no RL tasks kept; the SFT policy solved every task k/k or "
                              "0/k (see metrics/solve_filter.json; solve_filter.drop_unsolved: false keeps 0/k)")
         model, tok = load_pretrained(st.args.policy)
+        # the update's dtype, resolved where train_dapo resolves it (the policy's device)
+        st.compute = compute_facts(resolve_dtype(cfg.dtype, next(model.parameters()).device))
         if cfg.engine.kind == "hf":
             from coa.rollout.hf import HFEngine
 
-            engine = HFEngine(model, tok, max_batch=cfg.engine.max_batch)  # rolls out the trained weights
+            engine = tracked(HFEngine(model, tok, max_batch=cfg.engine.max_batch), "hf rollouts of the RL policy")
         else:
             engine = engine_from(cfg.engine, st.args.policy)
             if not hasattr(engine, "sync"):
@@ -98,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
             sft_model = load_pretrained(st.args.policy)[0]
             kl = heldout_kl(result.model, sft_model, rollouts, cfg.temperature, tok.pad_token_id)
 
-        metrics = result.metrics(len(train), len(heldout), kl)
+        metrics = {**result.metrics(len(train), len(heldout), kl),
+                   "policy_tokens_per_s": engine.throughput()["policy_tokens_per_s"]}
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
                  metrics["reward_first_fifth"], metrics["reward_last_fifth"], kl)
         # the content hash lets `coa promote` find the version that is the workspace's models/rl

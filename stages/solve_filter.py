@@ -23,10 +23,11 @@ import time
 import polars as pl
 
 from coa.config import derive_seed
+from coa.device import compute_facts
 from coa.evaluate import evaluate
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
-from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
+from coa.runtime import agent_limits, engine_dtype, engine_from, judge_from, tools_factory
 from coa.solve_filter import decide, select, summary
 from schemas import TASK_STATS_DTYPES, Task, TaskStats, Trajectory
 from stages._stage import Stage
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
         left_out = len(rejects)
         engine = engine_from(cfg.engine, st.args.policy)
+        st.compute = compute_facts(engine_dtype(cfg.engine))
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
                             seed=derive_seed(st.params.common.seed, "solve_filter"))
         start = time.perf_counter()
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         n_rejected = write_rejects(st.args.rejects, "solve_filter", rejects)
 
         metrics = summary(len(candidates), table, left_out, n_rejected, result, sample_s, cfg.k)
+        metrics["policy_tokens_per_s"] = engine.throughput()["policy_tokens_per_s"]
         assert table.height + left_out == len(candidates)  # every candidate is a row or a reject
         assert metrics["kept"] + n_rejected == len(candidates)
         log.info("solve_filter: %d of %d sampled RL tasks kept (%d solved k/k, %d solved 0/k); accuracy %.3f",

@@ -44,3 +44,16 @@ def test_token_counter_uses_the_tokenizer_without_special_tokens():
 
     count = token_counter(Tok())
     assert count("a b c") == 3 and count("a b c") == 3 and Tok.calls == 1
+
+
+def test_paired_difference_pairs_attempts_and_resamples_tasks():
+    from coa.metrics import paired_difference
+
+    a = {("t1", 0): True, ("t1", 1): True, ("t2", 0): False, ("t2", 1): True, ("t3", 0): True, ("t9", 0): True}
+    b = {("t1", 0): False, ("t1", 1): True, ("t2", 0): False, ("t2", 1): False, ("t3", 0): True}
+    d = paired_difference(a, b, n_boot=500, seed=0)
+    assert (d["tasks"], d["attempts"]) == (3, 5)  # t9 has no partner
+    assert d["accuracy_diff"] == 0.4  # (1 + 0 + 0 + 1 + 0) / 5 attempts
+    assert d["ci_low"] <= d["accuracy_diff"] <= d["ci_high"] and d["ci_low"] >= 0.0  # no task favours b
+    same = paired_difference(a, a, n_boot=200, seed=1)
+    assert same["accuracy_diff"] == same["ci_low"] == same["ci_high"] == 0.0

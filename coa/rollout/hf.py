@@ -1,4 +1,4 @@
-"""The in-process transformers engine: continuous batching over a ragged KV cache, tools run concurrently.
+"""The in-process transformers engine: continuous batching over a paged KV cache, tools run concurrently.
 
     from coa.model import load_pretrained
     from coa.rollout import HFEngine, Request, Sampling, Limits
@@ -6,31 +6,29 @@
     engine = HFEngine(model, tok, max_batch=32)
     rollouts = engine.rollout(requests, Sampling(temperature=1.0, seed=0), Limits(), tools=factory)
 
-How a batch runs. Up to ``max_batch`` trajectories are active rows of one KV cache; queued requests take
-the slots that finished rows free. Every forward step feeds its rows a right-padded chunk with explicit
-``position_ids`` (each row's own token count) and a 4D additive mask over [cache + chunk] that lets a
-token see only its row's real cached positions and the real chunk tokens before it. Pad slots therefore
-become masked holes in the cache; the cache is compacted (each row's real positions gathered, left-
-aligned) once that would cut its width by ``compact_at``, and when rows that finished leave the batch
-dimension (once no request waits and they are a quarter of the batch). Two kinds of step:
+How a batch runs. Up to ``max_batch`` trajectories are active rows; queued requests take the places
+that finished rows leave. Each row's keys and values live in blocks of a paged cache
+(coa.rollout.paged): a row holds only its own positions, a finished row's blocks return to the pool at
+once, and the cache grows with what the rows hold, never to ``rows x longest``. Every forward step feeds
+some rows a right-padded chunk with explicit ``position_ids`` (each row's own token count); the engine's
+attention function (coa.rollout.paged.paged_attention) lets each token see its row's cached positions and
+the chunk's tokens up to itself. Two kinds of step:
 
-* decode: every decoding row feeds its one sampled token (T = 1); the other rows feed a pad (a hole);
-* ingest: the rows that must read a prompt or an observation (chunks of up to ``max_chunk_tokens``) run
-  as a sub-batch on a gathered copy of their cache rows, and only their new positions are written back,
-  into the holes after each row's last real position where they fit (else into new columns), so a long
-  prompt costs its own tokens, not ``max_batch`` times them. Ingest steps go first.
+* ingest: the rows that must read a prompt or an observation, in chunks of up to ``max_chunk_tokens``
+  (torch's attention over the rows' gathered blocks); ingest steps go first;
+* decode: every row that has a sampled token to feed feeds it (T = 1; the C kernel of
+  coa.rollout.kernel reads each row's blocks). Rows parked on a tool are not in the step at all.
 
 Prompt sharing (``share_prefix``, on by default; exact up to float rounding, like batching). The
 prompts' longest common prefix (at least ``min_shared_prefix`` tokens, stopping one token short of the
 shortest prompt, whose last token must be fed for its logits) is prefilled once, alone, before the
-batch starts; a row that joins gets a copy of its cached positions (keys are stored after RoPE, and the
-prefix sits at positions 0..P-1 in every row) and ingests only the rest of its prompt. Requests with
-identical prompts (n samples of one question) are admitted next to each other; the first ingests the
-prompt and the others fork from it: they copy its cache row and its next-token logits and draw their
-first token with their own generators. A member admitted after its leader's prompt is in forks from a
-snapshot of that row, kept until the last member is admitted (members being next to each other in the
-queue, at most one snapshot is alive).
-``Stats`` counts the prefix, the copied positions and the forks.
+batch starts; a row that joins shares its full blocks by reference (a partly filled block is copied) and
+ingests only the rest of its prompt. Requests with identical prompts (n samples of one question) are
+admitted next to each other; the first ingests the prompt and the others fork from it: they share its
+blocks and copy its next-token logits, and draw their first token with their own generators. A member
+admitted after its leader's prompt is in forks from a snapshot of that row (its blocks held by
+reference), kept until the last member is admitted. ``Stats`` counts the prefix, the shared positions
+and the forks.
 
 A row that closes a tool tag is parked while its tool runs in a thread pool; the other rows go on
 decoding, and the row ingests ``[its last token] + observation`` at a fixed step: ``tool_delay_steps``
@@ -45,14 +43,14 @@ Sampling: per-row ``torch.Generator`` seeded from ``(sampling.seed, request.key)
 and top-p; log-probs are ``log_softmax(logits / temperature)`` of the sampled token over the whole
 vocabulary (temperature 0: greedy, unscaled). A trajectory's tokens do not depend on which requests
 share its batch, up to float rounding of batched matmuls (greedy float32 rollouts match batch-size-1
-rollouts token for token in the tests).
+rollouts token for token in the tests; the decode kernel computes each row alone).
 
-Requirements: a causal LM whose ``base_model`` takes ``input_ids, attention_mask (4D additive),
-position_ids, past_key_values, use_cache`` and returns ``last_hidden_state``, and whose output
-embedding (``get_output_embeddings()``) maps hidden states to logits: Qwen2, Llama and most decoders.
-Attention must be ``sdpa`` or ``eager`` (flash-attention ignores 4D masks); every layer is treated as full
-attention (no sliding windows); models that post-process logits (soft-capping, logit scales) are not
-supported.
+Requirements: a causal LM whose ``base_model`` takes ``input_ids, position_ids, past_key_values,
+use_cache`` and keyword arguments that reach its attention function (transformers' attention interface:
+Llama, Qwen2, Mistral and most decoders), calls ``past_key_values.update(keys, values, layer_idx)`` and
+returns ``last_hidden_state``, and whose output embedding (``get_output_embeddings()``) maps hidden states
+to logits. Every layer is treated as full attention (no sliding windows); models that post-process
+logits (soft-capping, logit scales) are not supported.
 """
 
 from __future__ import annotations
@@ -66,8 +64,8 @@ from typing import Any
 
 import torch
 
-from coa.rollout.cache import RaggedCache
 from coa.rollout.loop import StopSet, Trajectory, eos_ids, request_seed, vocab_texts
+from coa.rollout.paged import PagedCache, paged_attention_impl
 from coa.rollout.types import Limits, Request, Rollout, Sampling, ToolsFactory
 
 # --------------------------------------------------------------------------- sampling
@@ -108,57 +106,69 @@ def sample(logits: torch.Tensor, sampling: Sampling,
 
 MIN_SHARED_PREFIX = 16  # shorter common prompt prefixes are ingested by every row (not worth a prefill)
 TOOL_DELAY_STEPS = 2  # steps from a tool call to its observation: a local search returns within them
+BLOCK_SIZE = 16  # positions per KV block: a row wastes at most 15 positions, a block table stays short
 
 
 @dataclass
 class _Group:
     """Requests with the same prompt (n samples of one question): the first admitted member, the leader,
-    ingests it; the others fork from it (a copy of its cache row and of its next-token logits, each then
-    draws with its own generator). Members admitted after the leader's prompt is in fork from ``snapshot``
-    (its row's cached positions, next-token logits and token count), kept until none is queued."""
+    ingests it; the others fork from it (its blocks by reference and a copy of its next-token logits; each
+    then draws with its own generator). Members admitted after the leader's prompt is in fork from
+    ``snapshot`` (the leader's blocks then, held by reference; its next-token logits; its token count),
+    kept until none is queued."""
 
     queued: int  # members not admitted yet
     leader: _Row | None = None  # the member ingesting the prompt
     waiting: list[_Row] = field(default_factory=list)  # admitted members waiting for the leader's prompt
-    snapshot: tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, int] | None = None
+    snapshot: tuple[list[int], torch.Tensor, int] | None = None
 
 
 @dataclass
 class _Row:
-    """An active trajectory: ``feed`` holds tokens not yet in the cache; ``n`` = tokens in the cache."""
+    """An active trajectory: ``feed`` holds tokens not yet in the cache; ``n`` = tokens in the cache, held
+    in ``blocks``."""
 
     traj: Trajectory
     generator: torch.Generator
     feed: list[int]
     n: int = 0
+    blocks: list[int] = field(default_factory=list)
     ingesting: bool = True  # feed is a prompt or an observation (else: one sampled token)
     tool: Future | None = None
     tool_due: int = 0  # the step at which the tool's observation is fed (deterministic, see the docstring)
     group: _Group | None = None  # while leading or waiting for a prompt shared with other requests
+    finished: bool = False
 
 
 @dataclass
 class Stats:
-    """Counters of the last rollout call (for benchmarks and logs).
+    """Counters of the last rollout call (for benchmarks, logs and the stages' metrics).
 
     fed_tokens: tokens run through the model (the shared prefix's prefill included); shared_prefix: the
     length of the prompts' common prefix prefilled once (0: none); prefix_tokens_reused: cached positions
-    copied into rows instead of computed (the shared prefix in every row, the whole prompt in every fork);
-    forks: rows that copied an identical prompt's row. Without sharing, fed_tokens would be
-    ``fed_tokens + prefix_tokens_reused - shared_prefix``.
+    shared by rows instead of computed (the shared prefix in every row, the whole prompt in every fork);
+    forks: rows that started from an identical prompt's row. Without sharing, fed_tokens would be
+    ``fed_tokens + prefix_tokens_reused - shared_prefix``. kv_peak_bytes: the most memory the cache's
+    pools held; kv_peak_positions: the most positions its blocks held at once.
     """
 
     steps: int = 0
     decode_steps: int = 0
     ingest_steps: int = 0
-    compactions: int = 0
     policy_tokens: int = 0
     fed_tokens: int = 0
     shared_prefix: int = 0
     prefix_tokens_reused: int = 0
     forks: int = 0
+    kv_peak_bytes: int = 0
+    kv_peak_positions: int = 0
     tool_wait_s: float = 0.0
     wall_s: float = 0.0
+
+    @property
+    def policy_tokens_per_s(self) -> float:
+        """Policy tokens sampled over the call's wall time (tools, ingest and checks of the loop included)."""
+        return self.policy_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
 class HFEngine:
@@ -166,8 +176,8 @@ class HFEngine:
 
     model: a causal LM, used on its own device and dtype (share it with a trainer to roll out the current
         weights: each call runs it in eval mode and restores its mode after); tokenizer: its tokenizer.
-    max_batch: most trajectories decoded together; max_chunk_tokens: most tokens one row ingests per step;
-    tool_workers: threads running tools; compact_at: the share of the cache's width that compaction must remove to be run.
+    max_batch: most trajectories active together; max_chunk_tokens: most tokens one row ingests per step;
+    tool_workers: threads running tools; block_size: positions per KV block.
     tool_delay_steps: forward steps between a tool call and the step that feeds its observation (the engine
         waits there for a slower tool); about a tool's latency in steps keeps both the waits and idle rows short.
     share_prefix: prefill the prompts' common prefix once (when at least ``min_shared_prefix`` tokens) and
@@ -175,19 +185,13 @@ class HFEngine:
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32, max_chunk_tokens: int = 256,
-                 tool_workers: int = 8, compact_at: float = 0.5, share_prefix: bool = True,
+                 tool_workers: int = 8, block_size: int = BLOCK_SIZE, share_prefix: bool = True,
                  min_shared_prefix: int = MIN_SHARED_PREFIX, tool_delay_steps: int = TOOL_DELAY_STEPS):
-        if max_batch < 1 or max_chunk_tokens < 1 or tool_workers < 1 or tool_delay_steps < 1:
-            raise ValueError("max_batch, max_chunk_tokens, tool_workers and tool_delay_steps must be >= 1")
-        if not 0 < compact_at <= 1:
-            raise ValueError(f"compact_at must be in (0, 1], got {compact_at}")
-        attn = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
-        if "flash" in str(attn):
-            raise ValueError(f"attention implementation {attn!r} ignores 4D masks; load the model with "
-                             "attn_implementation='sdpa' (or 'eager')")
+        if min(max_batch, max_chunk_tokens, tool_workers, tool_delay_steps, block_size) < 1:
+            raise ValueError("max_batch, max_chunk_tokens, tool_workers, tool_delay_steps and block_size must be >= 1")
         self.model, self.tokenizer = model, tokenizer
-        self.max_batch, self.max_chunk_tokens = max_batch, max_chunk_tokens
-        self.tool_workers, self.compact_at, self.tool_delay_steps = tool_workers, compact_at, tool_delay_steps
+        self.max_batch, self.max_chunk_tokens, self.block_size = max_batch, max_chunk_tokens, block_size
+        self.tool_workers, self.tool_delay_steps = tool_workers, tool_delay_steps
         self.share_prefix, self.min_shared_prefix = share_prefix, max(1, min_shared_prefix)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
@@ -217,13 +221,17 @@ class HFEngine:
         self.device, self.dtype = param.device, param.dtype
         was_training = self.model.training
         self.model.eval()
+        self._cache = PagedCache(self.block_size, device=self.device)
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), ThreadPoolExecutor(self.tool_workers, thread_name_prefix="tool") as pool:
+            with (torch.inference_mode(), paged_attention_impl(self.model),
+                  ThreadPoolExecutor(self.tool_workers, thread_name_prefix="tool") as pool):
                 self._run(trajs, sampling, pool)
         finally:
             self.model.train(was_training)
-            self._groups, self._prefix = {}, None  # free the shared positions
+            self.stats.kv_peak_bytes = self._cache.peak_blocks * self._cache.nbytes() // max(self._cache.capacity, 1)
+            self.stats.kv_peak_positions = self._cache.peak_blocks * self.block_size
+            self._groups, self._prefix, self._cache = {}, None, None  # free the blocks
         self.stats.wall_s = time.perf_counter() - start
         self.stats.policy_tokens = sum(sum(t.out.loss_mask) for t in trajs)
         return [t.result() for t in trajs]
@@ -234,7 +242,7 @@ class HFEngine:
         """Group identical prompts and prefill the common prefix; returns the admission order (shortest
         prompt first, a group's members next to each other)."""
         self._groups: dict[int, _Group] = {}
-        self._prefix: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._prefix: tuple[int, list[int]] | None = None
         if not self.share_prefix or len(todo) < 2:
             return todo
         by_prompt: dict[tuple[int, ...], list[Trajectory]] = {}
@@ -258,110 +266,73 @@ class HFEngine:
                 return order
         if n < self.min_shared_prefix:
             return order
-        kv = self._prefill(list(first[:n]))
-        if kv:  # (a model without a KV cache has nothing to share)
-            self._prefix = (n, kv)
+        prefix = _Row(traj=None, generator=None, feed=list(first[:n]))  # type: ignore[arg-type]
+        while prefix.feed:
+            self._forward([prefix], ingest=True)
+        if self._cache.k:  # (a model without a KV cache has nothing to share)
+            self._prefix = (n, prefix.blocks)
             self.stats.shared_prefix = n
+        else:
+            self._cache.release(prefix.blocks)
         return order
-
-    def _prefill(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The cached positions of ``ids`` alone (batch 1, in chunks): per layer (keys, values) [H, n, D]."""
-        cache = RaggedCache(self.device)
-        cache.add_rows(1)
-        for start in range(0, len(ids), self.max_chunk_tokens):
-            chunk = ids[start : start + self.max_chunk_tokens]
-            t = len(chunk)
-            lens = torch.tensor([t], dtype=torch.long, device=self.device)
-            view = cache.full_view()
-            self.model.base_model(input_ids=torch.tensor([chunk], device=self.device),
-                                  attention_mask=cache.mask(None, lens, t, self.dtype),
-                                  position_ids=torch.arange(start, start + t, device=self.device)[None],
-                                  past_key_values=view, use_cache=True)
-            cache.after_forward(view, None, lens, t)
-            self.stats.fed_tokens += t
-        return [(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers]
 
     # -- the loop ---------------------------------------------------------------------------------
 
     def _run(self, trajs: list[Trajectory], sampling: Sampling, pool: ThreadPoolExecutor) -> None:
         queue = deque(self._plan_sharing([t for t in trajs if not t.done]))
-        cache = RaggedCache(self.device)
-        slots: list[_Row | None] = []
+        rows: list[_Row] = []  # active rows in admission order (the order of every step's batch)
         self._clock = 0  # forward steps so far: when a tool's observation is due
         while True:
-            self._admit(queue, slots, cache, sampling, pool)
-            self._collect_tools(slots, cache)
-            free = sum(s is None for s in slots)
-            # Rows left and none will come: drop them (and the holes) once they are a quarter of the batch
-            # (each costs a row of every decode step; a compaction copies the whole cache).
-            if not queue and free and 4 * free >= len(slots):
-                keep = [i for i, s in enumerate(slots) if s is not None]
-                self.stats.compactions += cache.compact(keep)
-                slots[:] = [slots[i] for i in keep]
-            if not slots:
-                return
-            # A step costs rows x width; compaction shrinks the width to the longest row's real positions.
-            # (Not "holes over a share of the area": rows of ragged lengths keep holes no compaction removes,
-            # and that rule compacted on nearly every step.)
-            if cache.width >= 64 and cache.width - cache.longest() > self.compact_at * cache.width:
-                cache.compact()
-                self.stats.compactions += 1
-            ingest = [i for i, s in enumerate(slots) if s is not None and s.feed and s.ingesting]
-            if ingest:
-                self._step(slots, cache, ingest, sampling, pool)
-                self.stats.ingest_steps += 1
-                self._clock += 1
-            elif any(s is not None and s.feed for s in slots):
-                self._step(slots, cache, None, sampling, pool)
-                self.stats.decode_steps += 1
+            rows[:] = [r for r in rows if not r.finished]
+            self._admit(queue, rows, sampling, pool)
+            self._collect_tools(rows)
+            rows[:] = [r for r in rows if not r.finished]
+            if not queue and self._prefix is not None:  # no row will join: the prefix's blocks go back
+                self._cache.release(self._prefix[1])
+                self._prefix = None
+            if not rows:
+                if not queue:
+                    return
+                continue
+            ingest = [r for r in rows if r.feed and r.ingesting]
+            decode = [r for r in rows if r.feed and not r.ingesting]
+            if ingest or decode:
+                self._step(ingest or decode, bool(ingest), sampling, pool)
+                if ingest:
+                    self.stats.ingest_steps += 1
+                else:
+                    self.stats.decode_steps += 1
                 self._clock += 1
             else:  # every row waits for a tool (or was just admitted and finished at once): skip to the first due
-                due = [s.tool_due for s in slots if s is not None and s.tool is not None]
+                due = [r.tool_due for r in rows if r.tool is not None]
                 if due:
                     self._clock = max(self._clock, min(due))
-                    self._collect_tools(slots, cache)
+                    self._collect_tools(rows)
             self.stats.steps += 1
 
-    def _admit(self, queue: deque, slots: list[_Row | None], cache: RaggedCache, sampling: Sampling,
-               pool: ThreadPoolExecutor) -> None:
-        """Queued requests take free slots, then new slots up to max_batch; then they start."""
+    def _admit(self, queue: deque, rows: list[_Row], sampling: Sampling, pool: ThreadPoolExecutor) -> None:
+        """Queued requests take the free places, up to max_batch active rows; then they start."""
         admitted = []
-        for i, slot in enumerate(slots):
-            if not queue:
-                break
-            if slot is None:
-                slots[i] = self._new_row(queue.popleft(), sampling)
-                cache.clear_row(i)
-                admitted.append(i)
-        new = []
-        while queue and len(slots) + len(new) < self.max_batch:
-            new.append(self._new_row(queue.popleft(), sampling))
-        if new:
-            admitted.extend(range(len(slots), len(slots) + len(new)))
-            slots.extend(new)
-            cache.add_rows(len(new))
+        while queue and len(rows) + len(admitted) < self.max_batch:
+            traj = queue.popleft()
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(request_seed(sampling.seed, traj.request.key))
+            admitted.append(_Row(traj, generator, feed=list(traj.prompt_ids)))
+        rows.extend(admitted)
         if admitted:
-            self._start(admitted, slots, cache, sampling, pool)
+            self._start(admitted, sampling, pool)
 
-    def _new_row(self, traj: Trajectory, sampling: Sampling) -> _Row:
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(request_seed(sampling.seed, traj.request.key))
-        return _Row(traj, generator, feed=list(traj.prompt_ids))
-
-    def _start(self, admitted: list[int], slots: list[_Row | None], cache: RaggedCache, sampling: Sampling,
-               pool: ThreadPoolExecutor) -> None:
+    def _start(self, admitted: list[_Row], sampling: Sampling, pool: ThreadPoolExecutor) -> None:
         """Set up just admitted rows: a fork of an ingested identical prompt draws its first token now; one
-        whose identical prompt is being ingested waits for it; the others get the shared prefix's
-        positions and ingest the rest of their prompt."""
-        prefixed: list[int] = []
-        forked: dict[int, tuple[_Group, list[int]]] = {}
-        for i in admitted:
-            row = slots[i]
+        whose identical prompt is being ingested waits for it; the others share the prefix's blocks and
+        ingest the rest of their prompt."""
+        forked: list[tuple[_Group, _Row]] = []
+        for row in admitted:
             group = self._groups.get(id(row.traj))
             if group is not None:
                 group.queued -= 1
                 if group.snapshot is not None:
-                    forked.setdefault(id(group), (group, []))[1].append(i)
+                    forked.append((group, row))
                     continue
                 row.group = group
                 if group.leader is not None:
@@ -370,33 +341,33 @@ class HFEngine:
                     continue
                 group.leader = row
             if self._prefix is not None:
-                prefixed.append(i)
-        if prefixed:
-            n, kv = self._prefix
-            cache.load(prefixed, kv, n)
-            for i in prefixed:
-                slots[i].feed, slots[i].n = slots[i].feed[n:], n
-            self.stats.prefix_tokens_reused += n * len(prefixed)
+                n, blocks = self._prefix
+                row.blocks, row.n, row.feed = self._cache.share(blocks, n), n, row.feed[n:]
+                self.stats.prefix_tokens_reused += n
         if not forked:
             return
-        rows, logits = [], []
-        for group, members in forked.values():
-            kv, last, n = group.snapshot
-            cache.load(members, kv, n)
-            for i in members:
-                slots[i].n = n
-            rows += members
-            logits += [last] * len(members)
-            self.stats.prefix_tokens_reused += n * len(members)
-            self.stats.forks += len(members)
-            if group.queued == 0:
+        logits = []
+        for group, row in forked:
+            blocks, last, n = group.snapshot
+            row.blocks, row.n = self._cache.share(blocks, n), n
+            logits.append(last)
+            self.stats.prefix_tokens_reused += n
+            self.stats.forks += 1
+        for group in {id(g): g for g, _ in forked}.values():
+            if group.queued == 0:  # the last member is in: the snapshot's blocks go back
+                self._cache.release(group.snapshot[0])
                 group.snapshot = None
-        self._sample_and_push(slots, cache, rows, torch.stack(logits), sampling, pool)
+        self._sample_and_push([row for _, row in forked], torch.stack(logits), sampling, pool)
 
-    def _collect_tools(self, slots: list[_Row | None], cache: RaggedCache) -> None:
+    def _finish(self, row: _Row) -> None:
+        row.finished = True
+        self._cache.release(row.blocks)
+        row.blocks = []
+
+    def _collect_tools(self, rows: list[_Row]) -> None:
         """Rows whose observation is due at this step ingest it (waiting for a tool still running)."""
-        for i, row in enumerate(slots):
-            if row is None or row.tool is None or row.tool_due > self._clock:
+        for row in rows:
+            if row.finished or row.tool is None or row.tool_due > self._clock:
                 continue
             if not row.tool.done():
                 t0 = time.perf_counter()
@@ -408,84 +379,72 @@ class HFEngine:
             ids = row.traj.observe(observation)
             self._on_token(row.traj)
             if row.traj.done:  # the context is full
-                slots[i] = None
-                cache.clear_row(i)
+                self._finish(row)
             else:
                 row.feed, row.ingesting = [last, *ids], True
 
-    def _step(self, slots: list[_Row | None], cache: RaggedCache, ingest: list[int] | None,
-              sampling: Sampling, pool: ThreadPoolExecutor) -> None:
-        """One forward: ``ingest`` rows (a sub-batch) or, when None, a decode step over every slot."""
-        members = ingest if ingest is not None else list(range(len(slots)))
+    def _forward(self, members: list[_Row], ingest: bool) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """One forward feeding each member the next chunk of its feed (ingest) or its one token (decode).
+        Returns (indices of the members whose feed is now empty, last hidden states [S, t, H], chunk lengths)."""
         chunks = []
-        for i in members:
-            row = slots[i]
-            if row is None or not row.feed:
-                chunks.append([])
-                continue
-            take = row.feed[: self.max_chunk_tokens] if ingest is not None else row.feed[:1]
+        for row in members:
+            take = row.feed[: self.max_chunk_tokens] if ingest else row.feed[:1]
             row.feed = row.feed[len(take):]
             chunks.append(take)
-        t = max(len(c) for c in chunks)
-        s = len(members)
-        ids = torch.full((s, t), self.pad_id, dtype=torch.long)
-        pos = torch.zeros((s, t), dtype=torch.long)
-        lens = torch.tensor([len(c) for c in chunks], dtype=torch.long)
-        for j, (i, chunk) in enumerate(zip(members, chunks, strict=True)):
-            if chunk:
+            self._cache.reserve(row.blocks, row.n + len(take))
+        lens = [len(c) for c in chunks]
+        t, s = max(lens), len(members)
+        if t == 1:
+            ids = torch.tensor(chunks, dtype=torch.long)
+            pos = torch.tensor([[row.n] for row in members], dtype=torch.long)
+        else:
+            ids = torch.full((s, t), self.pad_id, dtype=torch.long)
+            pos = torch.zeros((s, t), dtype=torch.long)
+            for j, (row, chunk) in enumerate(zip(members, chunks, strict=True)):
                 ids[j, : len(chunk)] = torch.tensor(chunk)
-                pos[j, : len(chunk)] = torch.arange(slots[i].n, slots[i].n + len(chunk))
-        ids, pos, lens = ids.to(self.device), pos.to(self.device), lens.to(self.device)
-        sub = ingest is not None and len(members) < cache.rows
-        rows = torch.tensor(members, dtype=torch.long, device=self.device) if sub else None
-        view = cache.sub_view(rows, t) if sub else cache.full_view()
-        mask = cache.mask(rows, lens, t, self.dtype)
-        out = self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=view,
-                                    use_cache=True)
-        cache.after_forward(view, rows, lens, t)
-        self.stats.fed_tokens += int(lens.sum())
-        # Rows whose feed is now empty predict their next token from their last real position.
-        ready = [j for j, i in enumerate(members) if chunks[j] and not slots[i].feed]
-        for j, i in enumerate(members):
-            if chunks[j]:
-                slots[i].n += len(chunks[j])
+                pos[j, : len(chunk)] = torch.arange(row.n, row.n + len(chunk))
+        step = self._cache.step([row.blocks for row in members], [row.n for row in members], lens)
+        out = self.model.base_model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
+                                    past_key_values=step, use_cache=True, coa_paged=step)
+        for row, n in zip(members, lens, strict=True):
+            row.n += n
+        self.stats.fed_tokens += sum(lens)
+        ready = [j for j, row in enumerate(members) if not row.feed]
+        return ready, out.last_hidden_state, torch.tensor(lens, device=self.device)
+
+    def _step(self, members: list[_Row], ingest: bool, sampling: Sampling, pool: ThreadPoolExecutor) -> None:
+        """One forward of ``members`` (ingesting rows, or decoding rows); rows whose feed is done draw a token."""
+        ready, hidden, lens = self._forward(members, ingest)
         if not ready:
             return
         ready_t = torch.tensor(ready, dtype=torch.long, device=self.device)
-        hidden = out.last_hidden_state[ready_t, lens[ready_t] - 1]
-        logits = self.model.get_output_embeddings()(hidden)
+        logits = self.model.get_output_embeddings()(hidden[ready_t, lens[ready_t] - 1])
         targets = [members[j] for j in ready]
         # A leader's prompt is in: its waiting group members fork from it, and later ones from a snapshot.
         extra, extra_logits = [], []
-        for k, i in enumerate(targets):
-            row = slots[i]
+        for k, row in enumerate(targets):
             group, row.group = row.group, None
             if group is None:
                 continue
             group.leader = None
-            if group.waiting:
-                where = {id(s): at for at, s in enumerate(slots) if s is not None}
-                forks = [where[id(w)] for w in group.waiting]
-                cache.copy_row(i, forks)
-                for w in group.waiting:
-                    w.n, w.group = row.n, None
-                extra += forks
-                extra_logits += [k] * len(forks)
-                self.stats.prefix_tokens_reused += row.n * len(forks)
-                self.stats.forks += len(forks)
-                group.waiting = []
+            for w in group.waiting:
+                w.blocks, w.n, w.group = self._cache.share(row.blocks, row.n), row.n, None
+                self.stats.prefix_tokens_reused += row.n
+                self.stats.forks += 1
+            extra += group.waiting
+            extra_logits += [k] * len(group.waiting)
+            group.waiting = []
             if group.queued > 0:
-                group.snapshot = (cache.row_kv(i), logits[k].clone(), row.n)
+                group.snapshot = (self._cache.share(row.blocks, row.n), logits[k].clone(), row.n)
         if extra:
             logits = torch.cat([logits, logits[torch.tensor(extra_logits, device=self.device)]])
-        self._sample_and_push(slots, cache, targets + extra, logits, sampling, pool)
+        self._sample_and_push(targets + extra, logits, sampling, pool)
 
-    def _sample_and_push(self, slots: list[_Row | None], cache: RaggedCache, targets: list[int],
-                         logits: torch.Tensor, sampling: Sampling, pool: ThreadPoolExecutor) -> None:
+    def _sample_and_push(self, targets: list[_Row], logits: torch.Tensor, sampling: Sampling,
+                         pool: ThreadPoolExecutor) -> None:
         """Rows ``targets`` draw their next token from ``logits`` [len(targets), V] and go on with it."""
-        tokens, logprobs = sample(logits, sampling, [slots[i].generator for i in targets])
-        for i, token, logprob in zip(targets, tokens.tolist(), logprobs.tolist(), strict=True):
-            row = slots[i]
+        tokens, logprobs = sample(logits, sampling, [row.generator for row in targets])
+        for row, token, logprob in zip(targets, tokens.tolist(), logprobs.tolist(), strict=True):
             ended = row.traj.push(token, logprob)
             self._on_token(row.traj)
             if not ended:
@@ -494,6 +453,5 @@ class HFEngine:
                 row.feed, row.ingesting = [], True
                 row.tool = pool.submit(row.traj.run_tool)
                 row.tool_due = self._clock + self.tool_delay_steps
-            else:  # finished: the slot is free
-                slots[i] = None
-                cache.clear_row(i)
+            else:  # finished: its blocks go back
+                self._finish(row)

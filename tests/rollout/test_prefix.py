@@ -65,7 +65,7 @@ def assert_accounting(shared, plain) -> None:
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED])
-@pytest.mark.parametrize("options", [dict(max_batch=3, max_chunk_tokens=48, compact_at=0.25), dict(max_batch=16)])
+@pytest.mark.parametrize("options", [dict(max_batch=3, max_chunk_tokens=48, block_size=4), dict(max_batch=16)])
 def test_a_shared_prefix_changes_nothing_but_the_fed_tokens(web_model, tok, requests_of, sampling, options):
     """Distinct prompts with a common chat prefix: the prefix is prefilled once and copied into each row."""
     requests = requests_of(7)
@@ -143,18 +143,20 @@ def test_sharing_can_be_switched_off_and_a_single_request_shares_nothing(web_mod
     assert (off.stats.shared_prefix, off.stats.prefix_tokens_reused, off.stats.forks) == (0, 0, 0)
 
 
-def test_rows_joining_a_compacted_cache_get_the_prefix(web_model, tok):
-    """Closed-book (no tools, so the schedule is deterministic): rows that take a freed slot get the prefix
-    in a cache with holes (questions of different lengths pad the chunks), which compaction then gathers;
-    results are unchanged."""
+def test_rows_joining_as_others_leave_get_the_prefix_in_freed_blocks(web_model, tok):
+    """Closed-book (no tools, so the schedule is deterministic): rows that take a finished row's place get
+    the prefix's blocks by reference and reuse the blocks the finished rows gave back; results are unchanged."""
     requests = [Request(f"q{i}", render_prompt(tok, "Where is Orvane Labs" + " in Tesk" * (7 * i) + "?", "web"), "web")
                 for i in range(9)]
     limits = Limits(max_turns=1, max_tool_calls=0, max_turn_tokens=9, max_total_tokens=1024)
     got, shared, want, plain = run_both(web_model, tok, requests, SAMPLED, limits, tools=lambda: lambda r: None,
-                                        max_batch=3, max_chunk_tokens=48, compact_at=0.25)
+                                        max_batch=3, max_chunk_tokens=48, block_size=4)
     assert_same(web_model, tok, requests, got, want, 1.0)
     assert_accounting(shared, plain)
-    assert shared.compactions > 0 and shared.shared_prefix >= 16
+    assert shared.shared_prefix >= 16
+    held = sum(len(r.prompt_ids) + len(r.response_ids) for r in got)
+    assert plain.kv_peak_positions < held  # finished rows' blocks were reused
+    assert shared.kv_peak_positions < plain.kv_peak_positions  # the prefix's full blocks are held once
 
 
 def test_a_model_without_a_kv_cache_forks_by_position(tok):

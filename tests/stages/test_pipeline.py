@@ -39,7 +39,7 @@ SMOKE = {
     "curate": {"sources": [{"kind": "world:web", "n": 240}, {"kind": "world:math", "n": 120},
                            {"kind": "world:code", "n": 60},
                            {"kind": "hotpotqa", "path": "hotpotqa.json", "split": "eval"}]},
-    "base": {"reference": "none", "tokenizer": {"vocab_size": 1024, "min_frequency": 2},
+    "base": {"kind": "tiny", "reference": "none", "tokenizer": {"vocab_size": 1024, "min_frequency": 2},
              "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                       "num_key_value_heads": 1, "intermediate_size": 128},
              "pretrain": {"examples": 40, "row_tokens": 1024}},
@@ -60,6 +60,10 @@ DATA = ["data/tasks.parquet", "data/corpus.parquet", "data/rejects/curate.parque
         "data/transcripts.parquet", "data/trajectories.parquet", "data/rejects/distill.parquet",
         "data/heldout.parquet", "data/export/sharegpt.jsonl", "models/sft/model.safetensors", "data/rl_tasks.parquet",
         "data/rejects/solve_filter.parquet", "models/rl/model.safetensors", "data/eval.parquet"]
+
+
+MODEL_STAGES = {"base", "difficulty", "sft", "solve_filter", "rl", "eval"}  # their metrics carry dtype and CPU
+RUN_FACTS = {"wall_time_s", "peak_rss_gb", "dtype", "cpu_capability", "amx", "avx512_bf16"}  # stages/_stage.py
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -104,6 +108,11 @@ def test_dvc_repro_runs_every_stage(smoke_repo):
     lock = yaml.safe_load((smoke_repo / "dvc.lock").read_text())
     stages = yaml.safe_load((smoke_repo / "dvc.yaml").read_text())["stages"]
     assert set(lock["stages"]) == set(stages)
+    for stage in stages:  # every stage's metrics: wall time and peak memory; dtype and CPU where a model computes
+        facts = yaml.safe_load((smoke_repo / f"metrics/{stage}.json").read_text())
+        assert facts["wall_time_s"] > 0 and facts["peak_rss_gb"] > 0, stage
+        assert ("dtype" in facts) == ("cpu_capability" in facts) == (stage in MODEL_STAGES), stage
+        assert stage not in MODEL_STAGES or facts["dtype"] in ("float32", "bfloat16")
     tasks = read_table(smoke_repo / "data/tasks.parquet", Task)
     read_table(smoke_repo / "data/corpus.parquet", Document)
     rejects = read_table(smoke_repo / "data/rejects/curate.parquet", Reject)
@@ -279,6 +288,7 @@ def test_solve_filter_and_rl_reconcile_and_register(smoke_repo):
     curve = yaml.safe_load((smoke_repo / "plots/rl_reward.json").read_text())
     assert rl["steps"] == len(curve) == 2 and all(row["reward"] is not None for row in curve)
     assert rl["tasks"] == m["kept"] and rl["heldout_rollouts"] == 3
+    assert m["policy_tokens_per_s"] > 0 and rl["policy_tokens_per_s"] > 0  # the engine's rate, in both stages
     assert not (smoke_repo / ".cache/rl").exists()
     mlflow.set_tracking_uri(f"sqlite:///{smoke_repo / '.mlflow/mlflow.db'}")
     assert mlflow.MlflowClient().search_model_versions("name='coa-policy'")
@@ -290,7 +300,11 @@ def test_eval_scores_every_model_and_writes_metrics_and_plots(smoke_repo):
 
     rows = read_table(smoke_repo / "data/eval.parquet", EvalRow)
     m = yaml.safe_load((smoke_repo / "metrics/eval.json").read_text())
-    assert set(rows["model"]) == set(m) - {"wall_time_s"} == {"base", "sft", "rl", "teacher"}
+    assert set(rows["model"]) == set(m) - RUN_FACTS - {"policy_tokens_per_s", "rl_vs_sft"} == {"base", "sft", "rl", "teacher"}
+    assert m["policy_tokens_per_s"] > 0 and m["sft"]["policy_tokens_per_s"] > 0
+    paired = m["rl_vs_sft"]  # RL against SFT on the same tasks and samples
+    assert paired["ci_low"] <= paired["accuracy_diff"] <= paired["ci_high"]
+    assert paired["attempts"] == rows.filter((pl.col("model") == "sft") & (pl.col("group") == "eval")).height
     assert set(rows["group"]) == {"eval", "bench:hotpotqa"}
     per_model = rows.group_by("model").len()
     assert per_model["len"].n_unique() == 1  # every model attempted the same tasks k times

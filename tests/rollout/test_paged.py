@@ -1,0 +1,72 @@
+"""The paged KV cache and its decode kernel: blocks are shared, copied and returned; the kernel equals SDPA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from coa.rollout.kernel import decode_kernel
+from coa.rollout.paged import PagedCache, _dense
+
+
+def reference(q, k_pool, v_pool, table, lens, scale):
+    """Plain SDPA over each row's own positions, gathered from its blocks: [S, H, D] float32."""
+    out = []
+    for s in range(q.shape[0]):
+        idx = table[s].long()
+        k = k_pool[idx].permute(1, 0, 2, 3).reshape(k_pool.shape[1], -1, k_pool.shape[3])[:, : lens[s]]
+        v = v_pool[idx].permute(1, 0, 2, 3).reshape(v_pool.shape[1], -1, v_pool.shape[3])[:, : lens[s]]
+        qs = q[s].float().reshape(k.shape[0], -1, q.shape[-1])  # [Hk, R, D]
+        out.append(F.scaled_dot_product_attention(qs, k.float(), v.float(), scale=scale).reshape(q.shape[1], -1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim,group", [(64, 3), (32, 2), (64, 1)])  # 64: the vector path; 32: the plain loops
+def test_decode_kernel_equals_sdpa_over_each_rows_blocks(dtype, head_dim, group):
+    kernel = decode_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler: the engine uses torch's attention (tested by the engine tests)")
+    gen = torch.Generator().manual_seed(0)
+    rows, kv_heads, bs, nb = 5, 2, 4, 7
+    k_pool = torch.randn(rows * nb + 3, kv_heads, bs, head_dim, generator=gen).to(dtype)
+    v_pool = torch.randn(rows * nb + 3, kv_heads, bs, head_dim, generator=gen).to(dtype)
+    table = torch.randperm(rows * nb + 3, generator=gen)[: rows * nb].reshape(rows, nb).to(torch.int32)
+    lens = torch.tensor([1, 5, 28, 13, 17], dtype=torch.int32)  # a lone position, partial and full blocks
+    q = torch.randn(rows, kv_heads * group, head_dim, generator=gen).to(dtype)
+    got = kernel(q, k_pool, v_pool, table, lens, 0.3)
+    want = reference(q, k_pool, v_pool, table, lens, 0.3)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    # a row's result does not depend on the other rows of the batch
+    assert torch.equal(kernel(q[2:3], k_pool, v_pool, table[2:3], lens[2:3], 0.3)[0], got[2])
+
+
+def test_blocks_are_shared_copied_and_returned():
+    cache = PagedCache(block_size=4, initial_blocks=2)
+    keys = torch.arange(2 * 1 * 10 * 2, dtype=torch.float32).reshape(2, 1, 10, 2)
+    a = cache.reserve([], 10)  # 3 blocks: the pool grows from 2
+    assert len(a) == 3 and cache.capacity >= 3
+    step = cache.step([a], cached=[0], lens=[10])
+    k_pool, _ = step.update(keys[:1], keys[:1], 0)
+    b = cache.share(a, 10)  # two full blocks by reference, the partly filled third copied
+    assert b[:2] == a[:2] and b[2] != a[2]
+    assert torch.equal(k_pool[b[2]], k_pool[a[2]])
+    used = cache.used
+    cache.release(a)
+    assert cache.used == used - 1  # only a's own third block went back; the shared two are b's now
+    cache.release(b)
+    assert cache.used == 0 and cache.peak_blocks == 4
+
+
+def test_dense_gather_masks_each_query_to_its_rows_past():
+    cache = PagedCache(block_size=4, initial_blocks=8)
+    a, b = cache.reserve([], 6), cache.reserve([], 3)
+    step = cache.step([a, b], cached=[4, 0], lens=[2, 3])  # row a had 4 cached positions, row b none
+    pools = torch.zeros(8, 1, 4, 2)
+    _, _, allowed = _dense(step, pools, pools)
+    assert allowed.shape == (2, 1, 3, 8)
+    assert allowed[0, 0, 0].tolist() == [True] * 5 + [False] * 3  # position 4 sees 0..4
+    assert allowed[0, 0, 2].tolist() == [True] + [False] * 7  # a pad query sees position 0 only
+    assert allowed[1, 0, 1].tolist() == [True, True] + [False] * 6
