@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from coa.config_base import BaseConfig, PretrainConfig, TinyModelConfig, TokenizerConfig  # noqa: F401
+from coa.config_base import BaseConfig, TinyModelConfig, TokenizerConfig  # noqa: F401
 from coa.configkit import ConfigError, _help, _require, build, derive_seed, flatten, load_yaml, to_dict  # noqa: F401
 from schemas.artifacts import SPLITS
 
@@ -218,7 +218,8 @@ class DistillFiltersConfig:
 @dataclass(frozen=True)
 class DistillConfig:
     splits: list[str] = _help("Which task splits the teacher runs on (the paper distils its SFT data).")
-    max_tasks: int = _help("Cap on tasks (0 = all), taken in task_id order.")
+    max_tasks: dict[str, int] = _help("Most tasks per domain (web, math, code), the first by task_id among those the "
+                                      "difficulty filter kept; 0 = all of that domain. The SFT data's size and mix.")
     workers: int = _help("Tasks run concurrently (threads; tools and HTTP release the GIL).")
     teacher: TeacherConfig = _help("The team's backend.")
     offline: OfflineStyleConfig = _help("backend=offline: how the rule-based agents behave.")
@@ -237,7 +238,8 @@ class DistillConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits", f"must be a non-empty subset of {list(SPLITS)}")
-        _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
+        _require(set(self.max_tasks) == {"web", "math", "code"} and min(self.max_tasks.values()) >= 0, "max_tasks",
+                 "must map each of web, math and code to a count >= 0 (0 = all)")
         _require(self.workers >= 1, "workers", "must be >= 1")
         _require(self.retry_rounds >= 0, "retry_rounds", "must be >= 0")
         _require(self.heldout_tasks >= 1, "heldout_tasks", "must be >= 1 (the sft stage's diagnostics need some)")
@@ -273,8 +275,13 @@ class DifficultyConfig:
     top_p: float = _help("Nucleus sampling of the reference.")
     max_new_tokens: int = _help("Longest closed-book answer, in tokens (it stops earlier at a newline or eos).")
     max_pass_rate: float = _help("Keep a task when r_q <= this (paper: 0.3).")
+    max_tasks: int = _help("Most tasks asked per covered domain and split, the first by task_id (0 = all); the "
+                           "others are not checked and so not used downstream (rejected as unchecked): keep it "
+                           "above what distill.max_tasks and solve_filter.max_tasks take from the kept ones.",
+                           default=0)
 
     def __post_init__(self) -> None:
+        _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
         _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "domains",
                  "must be a non-empty subset of [web, math, code]")
         _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits",
@@ -312,6 +319,10 @@ class SftConfig:
     weight_decay: float = _help("AdamW decoupled weight decay.")
     betas: list[float] = _help("AdamW betas.")
     grad_clip: float = _help("Clip the gradient norm to this (0 = off).")
+    trainable_layers: int = _help("Train only the top N decoder layers and the final norm (embeddings and lower "
+                                  "layers frozen: the backward stops there); 0 = every parameter.")
+    mask_drafts: bool = _help("A code block the trajectory's own reflection rejected (a failing first draft) is "
+                              "context, not a target: only the recovery is learned (coa.format.draft_spans).")
     dtype: Literal["auto", "float32", "bfloat16"] = _help(
         "Autocast dtype (float32 master weights either way); auto = bfloat16 only where native.")
     checkpoint_every: int = _help("Steps between resumable checkpoints (model, optimizer, scheduler, data order, RNG).")
@@ -331,6 +342,7 @@ class SftConfig:
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
                  "must be two numbers in [0, 1)")
         _require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
+        _require(self.trainable_layers >= 0, "trainable_layers", "must be >= 0 (0 = every parameter)")
 
 
 @dataclass(frozen=True)
@@ -370,6 +382,7 @@ class RlConfig:
     weight_decay: float = _help("AdamW decoupled weight decay.")
     betas: list[float] = _help("AdamW betas.")
     grad_clip: float = _help("Clip the gradient norm to this (0 = off).")
+    trainable_layers: int = _help("Update only the top N decoder layers and the final norm (0 = every parameter).")
     clip_low: float = _help("Ratio clip below: 1 - clip_low (the paper: 0.2).")
     clip_high: float = _help("Ratio clip above: 1 + clip_high (clip-higher; the paper: 0.28).")
     kl_coef: float = _help("Weight of a k3 KL penalty against the SFT policy (DAPO: 0, off).")
@@ -403,6 +416,7 @@ class RlConfig:
         _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
         _require(self.overlong_buffer >= 0, "overlong_buffer", "must be >= 0 (0 = off)")
         _require(self.heldout_tasks >= 0, "heldout_tasks", "must be >= 0")
+        _require(self.trainable_layers >= 0, "trainable_layers", "must be >= 0 (0 = every parameter)")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The base stage's params sections: tokenizer, the tiny model's shape, copy pretraining, the starting point.
+"""The base stage's params sections: tokenizer, the tiny model's shape, the starting point.
 
 Re-exported by coa.config (``from coa.config import BaseConfig``); validated on load like every section.
 """
@@ -30,12 +30,6 @@ class TinyModelConfig:
     intermediate_size: int = _help("MLP width.")
     max_position_embeddings: int = _help("Longest sequence, in tokens.")
     rope_theta: float = _help("RoPE base frequency.")
-    init: Literal["normal", "mimetic"] = _help(
-        "Attention weights at init: normal (the Hugging Face default) or mimetic (coa.model.mimetic_init: "
-        "query-key products near the identity, value-output near minus it): copying at a fixed offset forms "
-        "within minutes instead of not at all (bench/copying.py); copying at varied offsets, and through SFT, "
-        "it has not helped.",
-        default="normal")
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -46,25 +40,6 @@ class TinyModelConfig:
         _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                  f"must divide num_attention_heads ({self.num_attention_heads})")
         _require(self.rope_theta > 0, "rope_theta", "must be > 0")
-
-
-@dataclass(frozen=True)
-class PretrainConfig:
-    examples: int = _help("kind=tiny: copy-pretraining examples (coa.pretrain: training questions, then spans of them "
-                          "repeated) trained once before SFT, so the policy can copy; 0 = off.")
-    context_texts: int = _help("Training questions per example (the context the spans are copied from).")
-    spans: int = _help("Spans repeated after the context.")
-    min_span: int = _help("Shortest span, in tokens.")
-    max_span: int = _help("Longest span, in tokens.")
-    lr: float = _help("Peak learning rate (AdamW, the sft schedule: warm-up then cosine).")
-    row_tokens: int = _help("Tokens per packed row; one row per step.")
-
-    def __post_init__(self) -> None:
-        _require(self.examples >= 0, "examples", "must be >= 0 (0 = off)")
-        for name in ("context_texts", "spans", "min_span", "row_tokens"):
-            _require(getattr(self, name) >= 1, name, "must be >= 1")
-        _require(self.max_span >= self.min_span, "max_span", f"must be >= min_span ({self.min_span})")
-        _require(self.lr > 0, "lr", "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -82,7 +57,6 @@ class BaseConfig:
     )
     tokenizer: TokenizerConfig = _help("kind=tiny: tokenizer training.")
     tiny: TinyModelConfig = _help("kind=tiny: the Qwen2-architecture config.")
-    pretrain: PretrainConfig = _help("kind=tiny: a short copy pretraining of the random init (coa.pretrain).")
 
     def __post_init__(self) -> None:
         if self.kind == "hf":

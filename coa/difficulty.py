@@ -14,6 +14,7 @@ The examples are generic and name nothing from the task worlds.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,22 +97,37 @@ class TaskStat:
 
 
 def covered(task: Mapping[str, Any], domains: Sequence[str], splits: Sequence[str]) -> bool:
-    """Whether the filter samples this task (others pass through, kept)."""
+    """Whether the filter applies to this task (others pass through, kept)."""
     return task["domain"] in domains and task["split"] in splits
 
 
+def to_ask(tasks: Sequence[Mapping[str, Any]], domains: Sequence[str], splits: Sequence[str],
+           max_tasks: int) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """(asked, unchecked): the covered tasks, the first ``max_tasks`` of each domain and split in the given
+    (task_id) order (0 = all), and the covered ones beyond that, which are not asked and not kept."""
+    asked, unchecked, seen = [], [], Counter()
+    for task in tasks:
+        if covered(task, domains, splits):
+            seen[task["domain"], task["split"]] += 1
+            (asked if not max_tasks or seen[task["domain"], task["split"]] <= max_tasks else unchecked).append(task)
+    return asked, unchecked
+
+
 def task_stats(tasks: Sequence[Mapping[str, Any]], samples: Mapping[str, Sequence[str]], max_pass_rate: float,
-               ) -> list[TaskStat]:
+               unchecked: Sequence[Mapping[str, Any]] = ()) -> list[TaskStat]:
     """Score every sampled answer with the shared checker and decide: keep iff r_q <= max_pass_rate.
 
     ``samples`` maps task_id -> the reference's answers (closed_book_answer of each reply); a task absent
-    from it was not sampled (not covered by the filter) and passes through, kept, with n_samples 0.
+    from it was not sampled (not covered by the filter) and passes through, kept, with n_samples 0 -- unless
+    it is ``unchecked`` (covered, but beyond difficulty.max_tasks): not kept, n_samples 0.
     """
     out = []
+    skipped = {t["task_id"] for t in unchecked}
     for task in tasks:
         answers = samples.get(task["task_id"])
         if answers is None:
-            out.append(TaskStat(task["task_id"], task["domain"], task["split"], 0, 0, None, True))
+            out.append(TaskStat(task["task_id"], task["domain"], task["split"], 0, 0, None,
+                                task["task_id"] not in skipped))
             continue
         if not answers:
             raise ValueError(f"task {task['task_id']}: no sampled answers (n_samples must be >= 1)")
@@ -127,7 +143,8 @@ def rejects(table: pl.DataFrame, tasks: Sequence[Mapping[str, Any]], max_pass_ra
     by_id = {t["task_id"]: t for t in tasks}
     dropped = table.filter(~pl.col("kept"))
     return [(by_id[r["task_id"]], f"too easy: closed-book pass rate r_q={r['r_q']:.2f} > {max_pass_rate} "
-                                  f"({r['n_correct']} of {r['n_samples']} answers right without tools)")
+                                  f"({r['n_correct']} of {r['n_samples']} answers right without tools)"
+             if r["n_samples"] else "unchecked: beyond difficulty.max_tasks of its domain and split, not asked")
             for r in dropped.iter_rows(named=True)]
 
 
@@ -137,7 +154,8 @@ def summary(table: pl.DataFrame, n_samples: int, sample_s: float) -> dict[str, A
     sampled = table.filter(pl.col("n_samples") > 0)
     n_answers = int(sampled["n_samples"].sum())
     metrics = {"tasks": table.height, "kept": int(table["kept"].sum()), "dropped": dropped.height,
-               "covered": sampled.height, "n_samples": n_samples,
+               "covered": sampled.height, "unchecked": int(((table["n_samples"] == 0) & ~table["kept"]).sum()),
+               "n_samples": n_samples,
                "samples": n_answers, "sample_s": round(sample_s, 2),
                "answers_per_s": round(n_answers / max(sample_s, 1e-9), 1),
                "closed_book_accuracy": round(float(sampled["r_q"].mean() or 0.0), 4)}

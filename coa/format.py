@@ -239,6 +239,22 @@ def observation_spans(text: str) -> list[tuple[int, int]]:
     return [(b.start, b.end) for b in _Scanner(text).blocks if b.tag == "observation"]
 
 
+def draft_spans(text: str) -> list[tuple[int, int]]:
+    """Spans ``(start, end)`` of every ``<code>`` block that the trajectory itself rejected: the next
+    reflection after its observation grades tool effectiveness poor (a failing first draft that a later
+    block fixes). SFT can keep such a draft as context and learn only the recovery. Never raises."""
+    blocks = [b for b in _Scanner(text).blocks if b.closed]
+    spans = []
+    for i, block in enumerate(blocks):
+        if block.tag != "code":
+            continue
+        after = blocks[i + 1 : i + 3]
+        if [b.tag for b in after] == ["observation", "reflection"] and reflection_grades(
+                text[after[1].body_start : after[1].body_end]).get("tool_effectiveness") == "poor":
+            spans.append((block.start, block.end))
+    return spans
+
+
 def extract_answer(text: str) -> str | None:
     """The stripped content of the last closed ``<answer>`` block, or None; never raises.
 

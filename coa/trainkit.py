@@ -14,6 +14,7 @@
 - ``target_logits``: logits only where a target token follows (``logits_to_keep``): [N, V].
 - ``varlen_attention`` / ``attention_impl``: causal attention within each sample of a packed row.
 - ``rng_state`` / ``set_rng_state``: every generator, for exact resume.
+- ``set_trainable``: only the top decoder layers train (SFT's and RL's ``trainable_layers``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,30 @@ def seeded_stream(n: int, start: int, count: int, epoch_seed: Callable[[int], in
 
 
 # ----------------------------------------------------------------------------- optimizer and precision
+
+
+def set_trainable(model: torch.nn.Module, top_layers: int) -> int:
+    """Train only the top ``top_layers`` decoder layers, the final norm and an untied output head (0 = every
+    parameter): the embeddings (tied to the output head in SmolLM2 and small Qwen2.5 models) and the lower
+    layers stay frozen, so the backward pass stops at the lowest trainable layer and the optimizer holds
+    less. Returns the number of trainable parameters. Needs the decoder layers at ``model.model.layers``."""
+    if top_layers <= 0:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    layers = model.model.layers
+    if top_layers > len(layers):
+        raise ValueError(f"trainable_layers={top_layers}, but the model has {len(layers)} layers")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    trainable = [*layers[len(layers) - top_layers:], model.model.norm]
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is not embed.weight:
+        trainable.append(head)
+    for module in trainable:
+        for p in module.parameters():
+            p.requires_grad_(True)
+    return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, betas: Sequence[float], weight_decay: float,

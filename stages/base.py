@@ -4,9 +4,9 @@
     python -m stages.base --tasks data/tasks.parquet --corpus data/corpus.parquet \\
         --out models/base --reference models/reference --metrics metrics/base.json
 
-`base.kind`: tiny (tokenizer trained on the corpus and the sft/rl questions, never the eval split;
-Qwen2 model with a seeded random init, then `base.pretrain.examples` of copy pretraining on the sft/rl
-questions (coa.pretrain), so the policy can copy before SFT), hf (a local model folder under `base.model_dir`), or smollm2.
+`base.kind`: smollm2 (SmolLM2-135M-Instruct, the embedded default), hf (a local model folder under
+`base.model_dir`), or tiny (the test suite's smoke runs: a tokenizer trained on the corpus and the sft/rl
+questions, never the eval split, and a Qwen2 model with a seeded random init).
 `base.reference: smollm2` converts SmolLM2-135M-Instruct for the difficulty filter.
 """
 
@@ -22,10 +22,9 @@ import torch
 
 from coa import model as M
 from coa.config import derive_seed, to_dict
-from coa.device import compute_facts, default_device, resolve_dtype
+from coa.device import compute_facts
 from coa.format import TAGS
 from coa.io import read_table
-from coa.pretrain import loop_config, pretrain_copy, pretrain_texts
 from coa.prompts import system_prompt
 from schemas import Document, Task
 from stages._stage import Stage
@@ -59,27 +58,18 @@ def main(argv: list[str] | None = None) -> None:
         resolved = {"common": to_dict(st.params.common), "base": to_dict(cfg)}
         out = Path(st.args.out)
         shutil.rmtree(out, ignore_errors=True)
-        extra: dict[str, float] = {}
         if cfg.kind == "tiny":
             tasks = read_table(st.args.tasks, Task)
             corpus = read_table(st.args.corpus, Document)
             tok = M.train_tokenizer(tokenizer_texts(tasks, corpus), cfg.tokenizer.vocab_size, cfg.tokenizer.min_frequency)
             model = M.build_tiny_model(tok, cfg.tiny, derive_seed(seed, "base", "init"))
-            if cfg.pretrain.examples:
-                pre = pretrain_copy(model, tok, pretrain_texts(tasks), cfg.pretrain, derive_seed(seed, "base", "copy"))
-                extra = {"pretrain_examples": cfg.pretrain.examples, "pretrain_tokens": pre.tokens,
-                         "pretrain_steps": pre.steps, "pretrain_first_loss": round(pre.first_loss, 4),
-                         "pretrain_final_loss": round(pre.final_loss, 4), "pretrain_s": round(pre.train_s, 1)}
         elif cfg.kind == "hf":
             model, tok = M.load_pretrained(Path(cfg.model_dir) / cfg.hf_path)
         else:
             model, tok = M.load_smollm2()
-        pretrained = cfg.kind == "tiny" and cfg.pretrain.examples
-        # the dtype of the copy pretraining where it ran (train_sft's resolution), else of the weights written
-        st.compute = compute_facts(resolve_dtype(loop_config(cfg.pretrain).dtype, default_device()) if pretrained
-                                   else next(model.parameters()).dtype)
+        st.compute = compute_facts(next(model.parameters()).dtype)  # the dtype of the weights written
         M.save_pretrained(model, tok, out, resolved)
-        metrics = {"params": M.n_params(model), "vocab_size": len(tok), "kind": cfg.kind, **extra}
+        metrics = {"params": M.n_params(model), "vocab_size": len(tok), "kind": cfg.kind}
         log.info("base: %s model, %.2fM parameters, vocabulary %d", cfg.kind, metrics["params"] / 1e6, len(tok))
 
         ref = Path(st.args.reference)

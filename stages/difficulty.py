@@ -22,7 +22,7 @@ import polars as pl
 
 from coa.config import derive_seed
 from coa.device import compute_facts
-from coa.difficulty import covered, rejects, sample_closed_book, summary, task_stats
+from coa.difficulty import rejects, sample_closed_book, summary, task_stats, to_ask
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
 from coa.runtime import engine_dtype, engine_from
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
                         "metrics": "figures (JSON)"}) as st:
         cfg = st.params.difficulty
         tasks = read_table(st.args.tasks, Task).sort("task_id").to_dicts()
-        todo = [t for t in tasks if covered(t, cfg.domains, cfg.splits)]
+        todo, unchecked = to_ask(tasks, cfg.domains, cfg.splits, cfg.max_tasks)
         engine = engine_from(cfg.engine, cfg.model_path)
         st.compute = compute_facts(engine_dtype(cfg.engine))
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         samples = sample_closed_book(engine, todo, cfg.n_samples, sampling, cfg.max_new_tokens)
         sample_s = time.perf_counter() - start
-        stats = task_stats(tasks, samples, cfg.max_pass_rate)
+        stats = task_stats(tasks, samples, cfg.max_pass_rate, unchecked)
         table = pl.DataFrame([s.as_row() for s in stats], schema=TASK_STATS_DTYPES).sort("task_id")
         write_table(table, st.args.stats, TaskStats)
         write_rejects(st.args.rejects, "difficulty", rejects(table, tasks, cfg.max_pass_rate))

@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         too_easy = tasks.height
         tasks = tasks.join(kept, on="task_id", how="semi")
         too_easy -= tasks.height
-        if cfg.max_tasks:
-            tasks = tasks.head(cfg.max_tasks)
+        cap = {d: n or tasks.height for d, n in cfg.max_tasks.items()}  # the first n of each domain (0 = all)
+        tasks = tasks.filter(pl.int_range(pl.len()).over("domain") < pl.col("domain").replace_strict(cap, default=0))
         teacher = make_teacher(cfg, st.params.common.tools, st.args.index)
         count = token_counter(AutoTokenizer.from_pretrained(model_folder(st.args.base, tokenizer_only=True),
                                                             local_files_only=True))  # never the Hub

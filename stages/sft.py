@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         del hold
         st.compute = compute_facts(resolve_dtype(cfg.dtype, default_device()))  # train_sft's autocast dtype
         start = time.perf_counter()
-        examples, truncated = encode_trajectories(tok, records, cfg.max_len)
+        examples, truncated = encode_trajectories(tok, records, cfg.max_len, mask_drafts=cfg.mask_drafts)
         log.info("sft: %d trajectories tokenised in %.1f s (%d tokens)", len(examples),
                  time.perf_counter() - start, sum(map(len, examples)))
         if truncated:

@@ -31,7 +31,6 @@ def test_shipped_params_load(repo_root):
         ({"index.b": 2.0}, r"index\.b: must be within \[0, 1\]"),
         ({"base.kind": "huge"}, r"base\.kind: must be one of \['tiny', 'hf', 'smollm2'\], got 'huge'"),
         ({"base.kind": "hf"}, r"base\.hf_path: kind=hf needs hf_path"),
-        ({"base.tiny.init": "xavier"}, r"base\.tiny\.init: must be one of \['normal', 'mimetic'\], got 'xavier'"),
         ({"base.tiny.num_attention_heads": 3}, r"base\.tiny\.num_attention_heads: must divide hidden_size"),
         ({"base.tokenizer.vocab_size": 1.5}, r"base\.tokenizer\.vocab_size: must be an integer"),
         # a validator names only its field; the loader says where the section sits (engines are in many stages)

@@ -108,3 +108,24 @@ def test_stats_schema_rejects_more_correct_than_samples():
                          "r_q": 1.0, "kept": False}], schema=TASK_STATS_DTYPES)
     with pytest.raises(Exception, match="n_correct must not exceed n_samples"):
         TaskStats.validate(bad, lazy=True)
+
+
+def test_max_tasks_asks_the_first_of_each_domain_and_split_and_drops_the_rest_unchecked():
+    from coa.difficulty import rejects, summary, task_stats, to_ask
+
+    tasks = [{"task_id": f"{d}{s}{i}", "domain": d, "split": s, "question": "q", "answers": ["a"], "tests": []}
+             for d in ("web", "math") for s in ("sft", "rl", "eval") for i in range(3)]
+    asked, unchecked = to_ask(tasks, ["web"], ["sft", "rl"], max_tasks=2)
+    assert [t["task_id"] for t in asked] == ["websft0", "websft1", "webrl0", "webrl1"]
+    assert [t["task_id"] for t in unchecked] == ["websft2", "webrl2"]
+    stats = task_stats(tasks, {t["task_id"]: ["b"] for t in asked}, 0.3, unchecked)
+    table = pl.DataFrame([s.as_row() for s in stats], schema=TASK_STATS_DTYPES)
+    TaskStats.validate(table, lazy=True)
+    kept = set(table.filter(pl.col("kept"))["task_id"])
+    assert kept == {t["task_id"] for t in tasks} - {"websft2", "webrl2"}  # math and eval pass, unasked web does not
+    reasons = dict((t["task_id"], why) for t, why in rejects(table, tasks, 0.3))
+    assert set(reasons) == {"websft2", "webrl2"} and all(r.startswith("unchecked") for r in reasons.values())
+    m = summary(table, 1, 1.0)
+    assert (m["covered"], m["unchecked"], m["kept"] + m["dropped"]) == (4, 2, len(tasks))
+    assert to_ask(tasks, ["web"], ["sft", "rl"], max_tasks=0) == ([t for t in tasks if t["domain"] == "web"
+                                                                    and t["split"] != "eval"], [])

@@ -226,3 +226,26 @@ def test_pack_rejects_too_long_example():
         sft.pack(random_examples([10, 40]), max_tokens=32)
     with pytest.raises(ValueError):
         sft.collate_packed(random_examples([10, 30]), [[0, 1]], max_tokens=32, pad_id=0)
+
+
+def test_mask_drafts_makes_a_rejected_program_context_and_keeps_its_fix_a_target(tok):
+    """A self-corrected trajectory: the failing first draft (its reflection grades tool effectiveness poor) is
+    masked with mask_drafts, the fix and everything else the policy wrote stay targets."""
+    from coa.format import draft_spans
+    from coa.sft import encode_example
+
+    draft, fix = "print(1/0)", "print(1)"
+    response = (f"<plan>p</plan>\n<think>t</think>\n<code>```python\n{draft}\n```</code>\n"
+                "<observation>ZeroDivisionError</observation>\n<reflection>information conflict: good\n"
+                "tool effectiveness: poor\ntrajectory monitoring: average\nfix it</reflection>\n"
+                f"<code>```python\n{fix}\n```</code>\n<observation>1\n</observation>\n"
+                "<reflection>information conflict: good\ntool effectiveness: good\ntrajectory monitoring: good\nok"
+                "</reflection>\n<think>done</think>\n<answer>\\boxed{1}</answer>")
+    assert len(draft_spans(response)) == 1
+    plain = encode_example(tok, "P:", response)
+    masked = encode_example(tok, "P:", response, mask_drafts=True)
+    assert plain.input_ids == masked.input_ids
+    dropped = [i for i, (a, b) in enumerate(zip(plain.loss_mask, masked.loss_mask, strict=True)) if a != b]
+    text = tok.decode([plain.input_ids[i] for i in dropped])
+    assert draft in text and fix not in text and "<code>" in text
+    assert all(plain.loss_mask[i] == 1 and masked.loss_mask[i] == 0 for i in dropped)

@@ -66,6 +66,8 @@ def cfg(**kw) -> SftConfig:
         weight_decay=0.01,
         betas=[0.9, 0.95],
         grad_clip=1.0,
+        trainable_layers=0,
+        mask_drafts=False,
         dtype="float32",
         checkpoint_every=2,
         keep_checkpoints=2,

@@ -46,7 +46,7 @@ def write_params(root: Path, base_url: str, *, max_retries: int, retry_rounds: i
     d = params["distill"]
     d["teacher"].update(backend="openai", base_url=base_url, model="teacher", api_key_env="",
                         timeout_s=1.0, max_retries=max_retries, max_concurrency=4)
-    d.update(workers=2, max_tasks=0, retry_rounds=retry_rounds, max_error_share=max_error_share)
+    d.update(workers=2, max_tasks={"web": 0, "math": 0, "code": 0}, retry_rounds=retry_rounds, max_error_share=max_error_share)
     d["filters"]["min_tool_calls"]["web"] = 1
     (root / "params.yaml").write_text(yaml.safe_dump(params))
 
