@@ -228,6 +228,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     if not tasks:
         raise ValueError("no tasks to train on")
     dev = next(model.parameters()).device
+    kit.set_trainable(model, cfg.trainable_layers)
     optimizer = kit.build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay)
     warm = max(1, cfg.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm))
@@ -351,8 +352,14 @@ def _generate(engine: Engine, tasks: Sequence[dict[str, Any]], prompts: Sequence
 
 
 def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout, float]], cfg: Any, pad_id: int,
-            dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int) -> dict[str, float]:
-    """Old log-probs (and the reference's) in one no-grad pass, then one optimizer step per mini-batch."""
+            dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
+            reuse_forward: bool | None = None) -> dict[str, float]:
+    """Old log-probs (and the reference's) in one no-grad pass, then one optimizer step per mini-batch.
+
+    With one mini-batch and no KL term the update is the first one on these rollouts, so the old log-probs
+    are the current ones: they are taken (detached) from the update's own forward and the no-grad pass is
+    skipped (a third of the update's compute); the ratio is then 1 and the loss's gradient is the policy
+    gradient -A * grad log p, token-mean."""
     examples = [_example(r) for r, _ in batch]
     adv = torch.tensor([a for _, a in batch], dtype=torch.float32, device=dev)
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + step)).tolist()
@@ -362,20 +369,29 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     ent_sum = gap_sum = 0.0
     n_tok = 0
     engine_lp = {i: [lp for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m] for i, (r, _) in enumerate(batch)}
-    model.eval()
-    with torch.no_grad(), kit.autocast(dev, autocast_dtype):
-        for b, mini in enumerate(minis):
-            for m, row in enumerate(mini):
-                logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
-                old[b, m] = token_logprobs(logits, tgt, cfg.temperature)
-                ent_sum += float(entropy(logits, cfg.temperature).sum())
-                n_tok += tgt.numel()
-                sampled = torch.tensor([lp for i in row for lp in engine_lp[i]], device=dev)
-                if sampled.numel() == old[b, m].numel():
-                    gap_sum += float((sampled - old[b, m]).abs().sum())
-                if ref_model is not None:
-                    rl, rt, _ = _forward(ref_model, examples, row, pad_id, dev)
-                    ref[b, m] = token_logprobs(rl, rt, cfg.temperature)
+    on_policy = len(minis) == 1 and not (ref_model is not None and cfg.kl_coef > 0)
+    if reuse_forward is not None:  # tests compare both paths
+        on_policy = on_policy and reuse_forward
+
+    def observe(logits: torch.Tensor, tgt: torch.Tensor, lp: torch.Tensor, row: list[int]) -> None:
+        nonlocal ent_sum, gap_sum, n_tok
+        ent_sum += float(entropy(logits, cfg.temperature).sum())
+        n_tok += tgt.numel()
+        sampled = torch.tensor([x for i in row for x in engine_lp[i]], device=dev)
+        if sampled.numel() == lp.numel():
+            gap_sum += float((sampled - lp).abs().sum())
+
+    if not on_policy:
+        model.eval()
+        with torch.no_grad(), kit.autocast(dev, autocast_dtype):
+            for b, mini in enumerate(minis):
+                for m, row in enumerate(mini):
+                    logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
+                    old[b, m] = token_logprobs(logits, tgt, cfg.temperature)
+                    observe(logits, tgt, old[b, m], row)
+                    if ref_model is not None:
+                        rl, rt, _ = _forward(ref_model, examples, row, pad_id, dev)
+                        ref[b, m] = token_logprobs(rl, rt, cfg.temperature)
     model.train()
     loss_sum = clip_sum = kl_sum = 0.0
     grad_norms = []
@@ -385,7 +401,11 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
             with kit.autocast(dev, autocast_dtype):
                 logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
             lp = token_logprobs(logits, tgt, cfg.temperature)[None]
-            a, o, mask = adv[seg][None], old[b, m][None], torch.ones_like(lp)
+            if on_policy:
+                with torch.no_grad():
+                    observe(logits.detach(), tgt, lp[0].detach(), row)
+            a, mask = adv[seg][None], torch.ones_like(lp)
+            o = lp.detach() if on_policy else old[b, m][None]
             share = lp.numel() / max(n_mini, 1)
             loss = policy_loss(lp, o, a, mask, cfg.clip_low, cfg.clip_high) * share
             if ref_model is not None and cfg.kl_coef > 0:

@@ -19,6 +19,7 @@ domain, and KL(RL || SFT) per token is measured on those rollouts. The model is 
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> None:
         if cfg.engine.kind == "hf":
             from coa.rollout.hf import HFEngine
 
-            engine = tracked(HFEngine(model, tok, max_batch=cfg.engine.max_batch), "hf rollouts of the RL policy")
+            # rollouts in the engine's dtype (bf16 where native) from a copy synced after every update
+            rollout_dtype = resolve_dtype(cfg.engine.dtype, next(model.parameters()).device)
+            policy = model if rollout_dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(rollout_dtype)
+            engine = tracked(HFEngine(policy, tok, max_batch=cfg.engine.max_batch), "hf rollouts of the RL policy")
         else:
             engine = engine_from(cfg.engine, st.args.policy)
             if not hasattr(engine, "sync"):

@@ -165,3 +165,32 @@ def test_heldout_kl_is_zero_against_itself_and_positive_against_another(tok):
     rollouts = engine.rollout(reqs, Sampling(temperature=1.0, seed=1), LIMITS, Recorder())
     assert heldout_kl(model, model, rollouts, 1.0, tok.pad_token_id) == pytest.approx(0.0, abs=1e-6)
     assert heldout_kl(model, other, rollouts, 1.0, tok.pad_token_id) > 0
+
+
+def test_one_mini_batch_reuses_the_updates_forward_for_the_old_logprobs(tok):
+    """With one mini-batch the old log-probs are the current ones: taken from the update's own forward (no
+    no-grad pass), the step moves the weights exactly as the two-pass update does, with the same metrics.
+    Also: trainable_layers freezes all but the top layers (and the embeddings)."""
+    from coa.dapo import _update
+    from coa.rollout.types import Request, Sampling
+    from coa.trainkit import build_optimizer, set_trainable
+
+    model = scripted_qwen2(tok, WEB_SCRIPT)
+    requests = [Request(f"q{i}", render_prompt(tok, t["question"], "web"), "web") for i, t in enumerate(TASKS)]
+    rollouts = HFEngine(model, tok, max_batch=8).rollout(requests, Sampling(temperature=1.0, seed=3), LIMITS, Recorder())
+    batch = [(r, a) for r, a in zip(rollouts, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0], strict=True)]
+    cfg = _cfg(mini_batches=1, lr=1e-2)
+    moved = []
+    for reuse in (True, False):
+        m = scripted_qwen2(tok, WEB_SCRIPT)
+        assert set_trainable(m, 1) < sum(p.numel() for p in m.parameters())
+        opt = build_optimizer(m, cfg.lr, cfg.betas, cfg.weight_decay)
+        out = _update(m, None, opt, batch, cfg, tok.pad_token_id, torch.device("cpu"), None, 0, 0, reuse_forward=reuse)
+        moved.append((m, out))
+    (a, out_a), (b, out_b) = moved
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.allclose(pa, pb, atol=1e-6), name
+        frozen = name.startswith(("model.embed_tokens", "model.layers.0."))
+        assert torch.equal(pa, model.state_dict()[name]) == frozen, name  # only the top layer and head moved
+    for key in ("loss", "entropy", "clip_fraction", "policy_tokens_trained"):
+        assert out_a[key] == pytest.approx(out_b[key], rel=1e-5, abs=1e-7), key

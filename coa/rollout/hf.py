@@ -199,6 +199,14 @@ class HFEngine:
         self._stops: dict[tuple[str, ...], StopSet] = {}
         self.stats = Stats()
 
+    def sync(self, trained: Any) -> None:
+        """Take the weights of ``trained`` (the same architecture, any dtype): RL trains float32 master weights
+        and rolls out a copy in the engine's dtype (bf16 where native). A no-op when it is this engine's model."""
+        if trained is not self.model:
+            with torch.no_grad():
+                for mine, theirs in zip(self.model.parameters(), trained.parameters(), strict=True):
+                    mine.copy_(theirs)
+
     def stop_set(self, extra: tuple[str, ...]) -> StopSet:
         if extra not in self._stops:
             self._stops[extra] = StopSet(self.tokenizer, self._texts, extra, self.eos)
