@@ -27,10 +27,9 @@ import torch
 
 from coa.config import derive_seed, load_params
 from coa.device import cpu_capability
-from coa.evaluate import evaluate
+from coa.evaluate import evaluate_by_domain, summarize
 from coa.io import first_per_domain
 from coa.model import load_pretrained, save_pretrained
-from coa.rollout import Sampling
 from coa.runtime import agent_limits, engine_from, tools_factory
 from coa.train import encode_trajectories, train_sft
 
@@ -40,18 +39,14 @@ def eval_tasks(tasks_path: str, per_domain: int) -> list[dict]:
 
 
 def evaluate_policy(path: str, tasks: list[dict], k: int, params, index_dir: str) -> dict[str, dict]:
-    """Per domain: the eval stage's figures (coa.evaluate's overall section) for the policy in folder ``path``."""
+    """Per domain: the eval stage's figures (coa.evaluate.summarize) for the policy in folder ``path``, rolled
+    out as the eval stage does (coa.evaluate.evaluate_by_domain: domains sampled alike share one queue)."""
     tools = tools_factory(params.common.tools, index_dir)
     engine = engine_from(params.eval.engine, path)
-    out: dict[str, dict] = {}
-    for domain in ("web", "math", "code"):
-        part = [t for t in tasks if t["domain"] == domain]
-        if not part:
-            continue
-        s = params.eval.sampling[domain]
-        out[domain] = evaluate(engine, part, k, Sampling(temperature=s.temperature, top_p=s.top_p, seed=1),
-                               agent_limits(params.common.agent), tools).overall
-    return out
+    rows = evaluate_by_domain(engine, tasks, k, params.eval.sampling, lambda name: derive_seed(1, "learning", name),
+                              agent_limits(params.common.agent), tools)
+    return {d: summarize([r for r in rows if r["domain"] == d], k) for d in ("web", "math", "code")
+            if any(r["domain"] == d for r in rows)}
 
 
 def main() -> None:
@@ -72,7 +67,7 @@ def main() -> None:
     records = pl.read_parquet(args.trajectories).sort("task_id").select(
         "task_id", "domain", "prompt", "trajectory", "weight").to_dicts()
     model, tok = load_pretrained(args.base)
-    examples, truncated = encode_trajectories(tok, records, cfg.max_len)
+    examples, truncated = encode_trajectories(tok, records, cfg.max_len, mask_drafts=cfg.mask_drafts)
     tasks = eval_tasks(args.tasks, args.per_domain)
     print(f"cpu {cpu_capability()}, {len(examples)} trajectories ({truncated} cut), "
           f"{sum(map(len, examples))} tokens, {len(tasks)} eval tasks x k={args.k}")

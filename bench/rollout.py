@@ -50,12 +50,15 @@ def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str) -> d
                              per_domain).to_dicts()
     tools = tools_factory(params.common.tools, str(ROOT / "data/index"))
     limits = agent_limits(params.common.agent)
+    groups: dict[tuple[float, float], list[str]] = {}  # as coa.evaluate.evaluate_by_domain: one call per setting
+    for domain, s in params.eval.sampling.items():
+        groups.setdefault((s.temperature, s.top_p), []).append(domain)
     stats, tokens, wall, calls = [], 0, 0.0, 0
-    for domain in ("web", "math", "code"):  # one call per domain, as the eval stage samples them
-        part = [t for t in tasks if t["domain"] == domain]
-        s = params.eval.sampling[domain]
-        requests = [Request(t["task_id"], render_prompt(engine.tokenizer, t["question"], domain), domain) for t in part]
-        rollouts = engine.rollout(requests, Sampling(temperature=s.temperature, top_p=s.top_p, seed=1), limits, tools)
+    for (temperature, top_p), domains in groups.items():
+        part = [t for t in tasks if t["domain"] in domains]
+        requests = [Request(t["task_id"], render_prompt(engine.tokenizer, t["question"], t["domain"]), t["domain"])
+                    for t in part]
+        rollouts = engine.rollout(requests, Sampling(temperature=temperature, top_p=top_p, seed=1), limits, tools)
         stats.append(engine.stats)
         tokens += engine.stats.policy_tokens
         wall += engine.stats.wall_s

@@ -134,14 +134,20 @@ def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, samplin
 def evaluate_by_domain(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, sampling: Mapping[str, Any],
                        seed_of: Callable[[str], int], limits: Limits, tools_factory: ToolsFactory,
                        tokenizer: Any = None, judge: Judge | None = None) -> list[dict[str, Any]]:
-    """`evaluate` domain by domain (web, math, code), each with its own sampling settings (``sampling[domain]``:
-    temperature, top_p) and rollout seed (``seed_of(domain)``); the attempt rows of all domains."""
-    rows = []
+    """`evaluate` with each domain's sampling settings (``sampling[domain]``: temperature, top_p): domains
+    that share them roll out in one engine call (one queue keeps the batch full; its rollout seed is
+    ``seed_of`` the domains joined by "+", e.g. "web+math+code"), others apart (``seed_of(domain)``). The
+    attempt rows of all domains, domain by domain."""
+    groups: dict[tuple[float, float], list[str]] = {}
     for domain in DOMAINS:
-        part = [t for t in tasks if t["domain"] == domain]
-        if part:
+        if any(t["domain"] == domain for t in tasks):
             s = sampling[domain]
-            domain_sampling = Sampling(temperature=s.temperature, top_p=s.top_p, seed=seed_of(domain))
-            rows += evaluate(engine, part, k, domain_sampling, limits, tools_factory, tokenizer=tokenizer,
-                             judge=judge).rows
-    return rows
+            groups.setdefault((s.temperature, s.top_p), []).append(domain)
+    rows = []
+    for (temperature, top_p), domains in groups.items():
+        part = [t for t in tasks if t["domain"] in domains]
+        group_sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed_of("+".join(domains)))
+        rows += evaluate(engine, part, k, group_sampling, limits, tools_factory, tokenizer=tokenizer,
+                         judge=judge).rows
+    order = {d: i for i, d in enumerate(DOMAINS)}
+    return sorted(rows, key=lambda r: order[r["domain"]])  # stable: each domain's rows keep their order

@@ -101,3 +101,29 @@ def test_pass_at_k_and_bootstrap_helpers():
         pass_at_k(2, 1, 3)
     assert bootstrap_ci([1.0] * 10, 100, 0) == (1.0, 1.0)
     assert bootstrap_ci([0.0, 1.0] * 50, 200, 1) == bootstrap_ci([0.0, 1.0] * 50, 200, 1)
+
+
+def test_domains_with_the_same_sampling_share_one_engine_call(tok):
+    """One queue keeps the engine's batch full: web and math sampled alike go in one call (seeded by
+    "web+math"); a domain with its own temperature gets its own call and seed. Rows come domain by domain."""
+    from types import SimpleNamespace
+
+    from coa.evaluate import evaluate_by_domain
+
+    tasks, n_correct = make_tasks(3, 2)
+    calls = []
+
+    class Recording(FakeEngine):
+        def rollout(self, requests, sampling, limits, tools):
+            calls.append(({r.domain for r in requests}, sampling.temperature, sampling.seed))
+            return super().rollout(requests, sampling, limits, tools)
+
+    alike = {d: SimpleNamespace(temperature=0.6, top_p=1.0) for d in ("web", "math", "code")}
+    rows = evaluate_by_domain(Recording(tok, n_correct), tasks, 2, alike, lambda name: len(name), Limits(),
+                              lambda request: None)
+    assert calls == [({"web", "math"}, 0.6, len("web+math"))]
+    assert [r["domain"] for r in rows] == ["web"] * 6 + ["math"] * 4
+    calls.clear()
+    apart = {**alike, "math": SimpleNamespace(temperature=0.2, top_p=1.0)}
+    evaluate_by_domain(Recording(tok, n_correct), tasks, 2, apart, lambda name: len(name), Limits(), lambda request: None)
+    assert calls == [({"web"}, 0.6, len("web")), ({"math"}, 0.2, len("math"))]
