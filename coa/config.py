@@ -208,6 +208,9 @@ class DistillFiltersConfig:
     drop_malformed: bool = _help("Drop trajectories that fail coa.format.parse or check_transitions.")
     self_corrected_weight: float = _help(
         "Sample weight of trajectories where the team doubted itself and re-planned (upsampling); others 1.")
+    fit_context: bool = _help("Drop trajectories longer (chat prompt + trajectory + eos, in the policy's tokens) than "
+                              "common.agent.max_total_tokens: the student could not finish them in its context, "
+                              "and SFT trains every kept one whole.", default=True)
 
     def __post_init__(self) -> None:
         _require(set(self.min_tool_calls) == {"web", "math", "code"}, "min_tool_calls",

@@ -32,7 +32,7 @@ from coa.format import (
 )
 from coa.teacher.transcript import AGENTS, Transcript
 
-FILTERS = ("correct", "min_tool_calls", "web_reflection", "malformed")
+FILTERS = ("correct", "min_tool_calls", "web_reflection", "malformed", "too_long")
 
 
 def linearise(transcript: Transcript) -> str:
@@ -88,10 +88,14 @@ class Filters:
     web_requires_reflection: bool
     drop_malformed: bool
     self_corrected_weight: float
+    fit_context: bool = False
+    max_tokens: int = 0  # with fit_context: the agent's context (common.agent.max_total_tokens)
 
 
-def filter_reason(row: Mapping[str, Any], problems: Iterable[str], filters: Filters) -> tuple[str, str] | None:
-    """(filter, reason in words) for a trajectory the filters drop, None if it is kept. Checked in FILTERS order."""
+def filter_reason(row: Mapping[str, Any], problems: Iterable[str], filters: Filters,
+                  n_tokens: int | None = None) -> tuple[str, str] | None:
+    """(filter, reason in words) for a trajectory the filters drop, None if it is kept. Checked in FILTERS order;
+    ``n_tokens``: the trajectory's length as the student would hold it (chat prompt + trajectory + eos)."""
     problems = list(problems)
     if filters.require_correct and not row["correct"]:
         return "correct", f"the team's answer is wrong (answer: {str(row['answer'])[:80]!r})"
@@ -102,6 +106,8 @@ def filter_reason(row: Mapping[str, Any], problems: Iterable[str], filters: Filt
         return "web_reflection", "a web trajectory without a <reflection>"
     if filters.drop_malformed and problems:
         return "malformed", "; ".join(problems[:3])
+    if filters.fit_context and n_tokens is not None and n_tokens > filters.max_tokens:
+        return "too_long", f"{n_tokens} tokens, more than the agent's context of {filters.max_tokens}"
     return None
 
 

@@ -161,8 +161,11 @@ class DistillResult:
 
 
 def distill_tasks(rows: list[dict[str, Any]], teacher: Teacher, cfg: DistillConfig, seed: int, cache: Path,
-                  salt: str, count: Callable[[str], int]) -> DistillResult:
-    """The teacher on every task (``cfg.workers`` threads, resumable), then transcript and trajectory rows."""
+                  salt: str, count: Callable[[str], int], length: Callable[[dict[str, Any]], int] | None = None,
+                  max_tokens: int = 0) -> DistillResult:
+    """The teacher on every task (``cfg.workers`` threads, resumable), then transcript and trajectory rows.
+    ``length(row)``: a trajectory row's tokens as the student holds it, checked against ``max_tokens`` (the
+    agent's context) when ``cfg.filters.fit_context``."""
     cache.mkdir(parents=True, exist_ok=True)
 
     def key(task: dict) -> Path:
@@ -196,7 +199,7 @@ def distill_tasks(rows: list[dict[str, Any]], teacher: Teacher, cfg: DistillConf
             f"failed ones are redone (distill.max_error_share {cfg.max_error_share} allows "
             f"{int(cfg.max_error_share * len(rows))}).")
 
-    filters = Filters(**to_dict(cfg.filters))
+    filters = Filters(**to_dict(cfg.filters), max_tokens=max_tokens)
     transcripts, kept, rejects = [], [], []
     for task, (t, correct, _) in zip(rows, results, strict=True):
         teacher_tokens = t.billed_tokens(count)
@@ -221,7 +224,7 @@ def distill_tasks(rows: list[dict[str, Any]], teacher: Teacher, cfg: DistillConf
                "changed_course": s.changed_course,
                "weight": cfg.filters.self_corrected_weight if s.self_corrected else 1.0,
                "teacher_tokens": teacher_tokens, "teacher_tool_calls": t.tool_calls}
-        dropped = filter_reason(row, s.problems, filters)
+        dropped = filter_reason(row, s.problems, filters, length(row) if length is not None else None)
         if t.outage:  # within distill.max_error_share: left out, not counted as a wrong answer
             dropped = "teacher_error", f"the team could not reach its backend ({t.error})"
         if dropped:

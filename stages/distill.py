@@ -44,6 +44,7 @@ from coa.io import (
     write_table,
 )
 from coa.metrics import token_counter
+from coa.prompts import render_prompt
 from coa.teach import TeacherOutage, distill_tasks, make_teacher
 from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, TaskStats, Trajectory
 from schemas import Transcript as TranscriptSchema
@@ -78,13 +79,19 @@ def main(argv: list[str] | None = None) -> None:
         cap = {d: n or tasks.height for d, n in cfg.max_tasks.items()}  # the first n of each domain (0 = all)
         tasks = tasks.filter(pl.int_range(pl.len()).over("domain") < pl.col("domain").replace_strict(cap, default=0))
         teacher = make_teacher(cfg, st.params.common.tools, st.args.index)
-        count = token_counter(AutoTokenizer.from_pretrained(model_folder(st.args.base, tokenizer_only=True),
-                                                            local_files_only=True))  # never the Hub
+        tok = AutoTokenizer.from_pretrained(model_folder(st.args.base, tokenizer_only=True), local_files_only=True)
+        count = token_counter(tok)  # never the Hub
+
+        def length(row: dict) -> int:  # as coa.sft.encode_example holds it: prompt, trajectory, eos
+            return count(render_prompt(tok, row["prompt"], row["domain"])) + count(row["trajectory"]) + 1
+
+        context = st.params.common.agent.max_total_tokens
         try:
             result = distill_tasks(tasks.to_dicts(), teacher, cfg, seed, Path(st.args.cache),
-                                   salt := _cache_salt(st.params, st.args.index), count)
+                                   salt := _cache_salt(st.params, st.args.index), count, length, context)
             evals = first_per_domain(every.filter(pl.col("split") == "eval"), cfg.heldout_tasks)
-            held = distill_tasks(evals.to_dicts(), teacher, cfg, seed, Path(st.args.cache), salt, count)
+            held = distill_tasks(evals.to_dicts(), teacher, cfg, seed, Path(st.args.cache), salt, count, length,
+                                 context)
         except TeacherOutage as err:
             raise SystemExit(str(err)) from None
 

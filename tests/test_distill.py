@@ -104,3 +104,15 @@ def test_exports_keep_observations_out_of_the_trained_turns():
     assert glued.replace("\n", "") == text.replace("\n", "")
     info = llamafactory_dataset_info("coa_sft.jsonl")["coa_sft"]
     assert info["tags"]["observation_tag"] == "observation" and info["formatting"] == "sharegpt"
+
+
+def test_a_trajectory_longer_than_the_agents_context_is_dropped_with_its_length():
+    from coa.distill import Filters, filter_reason
+
+    row = {"correct": True, "answer": "x", "domain": "math", "n_tool_calls": 1, "has_reflection": True}
+    filters = Filters(require_correct=True, min_tool_calls={"math": 1}, web_requires_reflection=True,
+                      drop_malformed=True, self_corrected_weight=2.0, fit_context=True, max_tokens=2048)
+    assert filter_reason(row, [], filters, 2048) is None
+    assert filter_reason(row, [], filters, 2049) == ("too_long", "2049 tokens, more than the agent's context of 2048")
+    off = Filters(**{**filters.__dict__, "fit_context": False})
+    assert filter_reason(row, [], off, 5000) is None

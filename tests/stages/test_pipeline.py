@@ -194,7 +194,8 @@ def test_distill_outputs_reconcile_and_parse(smoke_repo):
     assert m["skipped_too_easy"] == all_sft.height - tasks.height
     assert transcripts.height == tasks.height == m["tasks"] == kept.height + rejects.height
     assert m["kept"] == kept.height and sum(m[f"rejected_{f}"] for f in ("correct", "min_tool_calls",
-                                                                            "web_reflection", "malformed")) == rejects.height
+                                                                            "web_reflection", "malformed",
+                                                                            "too_long")) == rejects.height
     for row in kept.iter_rows(named=True):
         assert check_transitions(parse(row["trajectory"]), row["domain"]) == [] and row["correct"]
     assert m["web.teacher_accuracy"] >= 0.8 and m["math.teacher_accuracy"] >= 0.8 and m["code.teacher_accuracy"] >= 0.7
