@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
             log.info("eval: rl - sft accuracy %+.4f [%+.4f, %+.4f] over %d tasks", metrics["rl_vs_sft"]["accuracy_diff"],
                      metrics["rl_vs_sft"]["ci_low"], metrics["rl_vs_sft"]["ci_high"], metrics["rl_vs_sft"]["tasks"])
         log.info("eval: %s", "; ".join(f"{m} accuracy {s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, {s['accuracy_ci_high']:.3f}]"
-                                       for m, s in metrics.items() if "accuracy" in s))
+                                       for m, s in metrics.items() if isinstance(s, dict) and "accuracy" in s))
         # MLflow: grouped by model (rl/accuracy, rl/web/accuracy, rl/pass_at_4) instead of 200 flat names
         st.finish(metrics, logged={f"{model}/{key.replace('.', '/').replace('@', '_at_')}": v
                                    for model, m in metrics.items() if isinstance(m, dict) for key, v in m.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import SimpleNamespace
 
 from coa.progress import Progress, progress, tracked
 
@@ -28,14 +29,16 @@ class SlowEngine:
 
     def rollout(self, requests, sampling, limits, tools):
         time.sleep(0.35)
-        return [tools(r) for r in requests]
+        return [SimpleNamespace(text=tools(r), n_policy_tokens=len(r)) for r in requests]
 
 
 def test_tracked_engine_beats_while_rolling_out(caplog, monkeypatch):
     monkeypatch.setenv("COA_PROGRESS_EVERY_S", "0.1")
     engine = tracked(SlowEngine(), "hf rollouts of m")
     with caplog.at_level(logging.INFO, logger="coa"):
-        assert engine.rollout(["a", "b"], None, None, lambda r: r.upper()) == ["A", "B"]
+        rollouts = engine.rollout(["a", "bc"], None, None, lambda r: r.upper())
+    assert [r.text for r in rollouts] == ["A", "BC"]
+    assert engine.policy_tokens == 3 and engine.rollout_s >= 0.35  # what throughput() divides
     lines = [r.getMessage() for r in caplog.records]
     assert any(line.startswith("hf rollouts of m: 2 trajectories running, 7 model steps") for line in lines)
     assert lines[-1].startswith("hf rollouts of m: 2 trajectories in")

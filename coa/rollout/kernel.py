@@ -34,7 +34,10 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_attention.c")
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+# No -ffast-math: linking it sets flush-to-zero for the whole process (crtfastmath.o), and every float op in
+# numpy, torch and hypothesis then loses subnormals. Reassociation alone is what vectorises the reductions.
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
+         "-fopenmp", "-shared", "-fPIC"]
 MAX_GROUP = 64  # query heads per KV head the kernel holds on its stack
 
 

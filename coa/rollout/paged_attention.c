@@ -27,12 +27,52 @@ static inline float from_bf16(uint16_t x) {
 }
 static inline float from_f32(float x) { return x; }
 
+#if defined(__AVX512F__)
+/* exp of 16 floats <= 0 (scores minus their max): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the degree-6
+ * Taylor polynomial (relative error < 2e-7); below -87 it is 0. Written out because libm's vector expf is
+ * only reached through -ffast-math, which this library must not be built with (see kernel.py). */
+static inline __m512 exp512(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  /* ln2 split in two for exactness */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_maskz_mov_ps(~under, _mm512_scalef_ps(p, n));
+}
+#endif
+
 /* softmax of each of R score rows of length n (stride ld), in place; returns 1 / sum per row in norm */
 static void softmax_rows(float *sc, long ld, int R, int n, float *norm) {
     for (int r = 0; r < R; r++) {
         float *sr = sc + (long)r * ld, m = -3.0e38f, total = 0.f;
-        for (int j = 0; j < n; j++) m = sr[j] > m ? sr[j] : m;
-        for (int j = 0; j < n; j++) { float e = expf(sr[j] - m); sr[j] = e; total += e; }
+        int j = 0;
+#if defined(__AVX512F__)
+        __m512 vm = _mm512_set1_ps(m);
+        for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(sr + j));
+        m = _mm512_reduce_max_ps(vm);
+#endif
+        for (; j < n; j++) m = sr[j] > m ? sr[j] : m;
+        j = 0;
+#if defined(__AVX512F__)
+        __m512 vt = _mm512_setzero_ps();
+        vm = _mm512_set1_ps(m);
+        for (; j + 16 <= n; j += 16) {
+            __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sr + j), vm));
+            _mm512_storeu_ps(sr + j, e);
+            vt = _mm512_add_ps(vt, e);
+        }
+        total = _mm512_reduce_add_ps(vt);
+#endif
+        for (; j < n; j++) { float e = expf(sr[j] - m); sr[j] = e; total += e; }
         norm[r] = total > 0.f ? 1.f / total : 0.f;
     }
 }

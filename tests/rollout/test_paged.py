@@ -43,6 +43,15 @@ def test_decode_kernel_equals_sdpa_over_each_rows_blocks(dtype, head_dim, group)
     assert torch.equal(kernel(q[2:3], k_pool, v_pool, table[2:3], lens[2:3], 0.3)[0], got[2])
 
 
+def test_loading_the_kernel_keeps_subnormal_floats():
+    """-ffast-math's crtfastmath.o would set flush-to-zero for the whole process (numpy, torch, hypothesis)."""
+    if decode_kernel() is None:
+        pytest.skip("no C compiler")
+    tiny = torch.tensor(1e-40, dtype=torch.float32)  # a float32 subnormal
+    assert (tiny * 1.0).item() != 0.0 and (tiny.double() / 2).item() > 0.0
+    assert 5e-324 / 2 == 0.0 and 5e-324 * 1.0 > 0.0  # Python floats on the same SSE unit
+
+
 def test_blocks_are_shared_copied_and_returned():
     cache = PagedCache(block_size=4, initial_blocks=2)
     keys = torch.arange(2 * 1 * 10 * 2, dtype=torch.float32).reshape(2, 1, 10, 2)
