@@ -419,6 +419,7 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        kit.release_freed_memory()
     n = max(n_tok, 1)
     out = {"loss": loss_sum / n, "entropy": ent_sum / n, "clip_fraction": clip_sum / n,
            "grad_norm": sum(grad_norms) / len(grad_norms), "policy_tokens_trained": n_tok,

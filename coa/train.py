@@ -67,6 +67,7 @@ from coa.trainkit import (
     build_optimizer,
     collate_rows,
     json_number,
+    release_freed_memory,
     rng_state,
     seeded_stream,
     set_rng_state,
@@ -375,6 +376,7 @@ def train_sft(
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
+            release_freed_memory()
             dt = time.perf_counter() - t0
             train_s += dt
             tokens_here += n_tok

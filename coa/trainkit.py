@@ -15,10 +15,13 @@
 - ``varlen_attention`` / ``attention_impl``: causal attention within each sample of a packed row.
 - ``rng_state`` / ``set_rng_state``: every generator, for exact resume.
 - ``set_trainable``: only the top decoder layers train (SFT's and RL's ``trainable_layers``).
+- ``release_freed_memory``: after each optimizer step, the heap pages the step freed go back to the OS.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import math
 import random
@@ -39,6 +42,30 @@ Attention = Literal["varlen", "mask"]
 
 
 # ----------------------------------------------------------------------------- data order
+
+
+def _libc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+
+
+_TRIM = _libc_trim()
+
+
+def release_freed_memory() -> None:
+    """Return the heap pages freed since the last call to the OS (glibc ``malloc_trim``; elsewhere a no-op).
+
+    A training step allocates and frees gigabytes of activations of varying sizes; glibc keeps what is freed
+    in its heap, fragmented, and a stage's resident memory crept from ~6 GB after 4 SFT steps of SmolLM2 to
+    10 GB after 73 (and the same in rl). Trimmed after every step, it stays at the step's own peak (6.2 GB
+    over 12 steps, against 6.7 and still growing) for ~3% of the step's time; a fixed M_MMAP_THRESHOLD
+    (every large tensor its own mapping) reached 5.5 GB but cost 17%.
+    """
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 def seeded_stream(n: int, start: int, count: int, epoch_seed: Callable[[int], int]) -> list[int]:

@@ -48,3 +48,27 @@ def test_rng_state_round_trip():
     a = (torch.rand(2).tolist(), random.random())
     set_rng_state(state)
     assert (torch.rand(2).tolist(), random.random()) == a
+
+
+def test_release_freed_memory_returns_the_heap_to_the_os():
+    import ctypes.util
+    import os
+
+    from coa.trainkit import release_freed_memory
+
+    if not ctypes.util.find_library("c") or not os.path.exists("/proc/self/statm"):
+        release_freed_memory()  # a no-op where there is no glibc
+        return
+
+    def rss_mb() -> float:
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    keep = [bytearray(64 * 1024) for _ in range(4000)]  # ~250 MB of heap chunks below the mmap threshold
+    for chunk in keep:
+        chunk[::4096] = b"\1" * len(chunk[::4096])  # touched: resident
+    tail = bytearray(1024)  # keeps the heap's top in use, so only a trim of its middle can give pages back
+    before = rss_mb()
+    del keep
+    release_freed_memory()
+    assert rss_mb() < before - 150, (before, rss_mb())
+    del tail
