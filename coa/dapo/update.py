@@ -1,0 +1,150 @@
+"""The DAPO update: kept rollouts -> mini-batches of packed rows -> one optimizer step per mini-batch.
+
+    metrics = _update(model, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype, seed, step)
+    kl = heldout_kl(policy, reference, rollouts, temperature, pad_id)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from coa import trainkit as kit
+from coa.dapo.loss import clip_fraction, entropy, kl_k3, masked_mean, policy_loss, token_logprobs
+from coa.rollout.types import Rollout
+from coa.sft import Example, pack
+
+
+def _example(rollout: Rollout) -> Example:
+    ids = list(rollout.prompt_ids) + list(rollout.response_ids)
+    return Example(ids, [0] * len(rollout.prompt_ids) + list(rollout.loss_mask), 1.0)
+
+
+def _micro_batches(examples: Sequence[Example], order: Sequence[int], n_mini: int,
+                   row_tokens: int) -> list[list[list[int]]]:
+    """Split ``order`` into ``n_mini`` mini-batches; each is a list of packed rows of example indices."""
+    size = math.ceil(len(order) / n_mini)
+    out = []
+    for at in range(0, len(order), size):
+        chunk = list(order[at : at + size])
+        sub = [examples[i] for i in chunk]
+        out.append([[chunk[j] for j in row] for row in pack(sub, row_tokens)])
+    return out
+
+
+def _forward(model: Any, examples: Sequence[Example], row: list[int], pad_id: int, dev: torch.device,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One packed row through the model: (logits [N, V], target ids [N], example index [N]) of its
+    N policy tokens, in position order (the same order every call)."""
+    width = sum(len(examples[i]) for i in row)
+    batch = kit.collate_rows(examples, [row], width, pad_id).to(dev)
+    logits, target = kit.target_logits(model, batch, kit.varlen_inputs(batch))
+    return logits, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
+
+
+
+def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout, float]], cfg: Any, pad_id: int,
+            dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
+            reuse_forward: bool | None = None) -> dict[str, float]:
+    """Old log-probs (and the reference's) in one no-grad pass, then one optimizer step per mini-batch.
+
+    With one mini-batch and no KL term the update is the first one on these rollouts, so the old log-probs
+    are the current ones: they are taken (detached) from the update's own forward and the no-grad pass is
+    skipped (a third of the update's compute); the ratio is then 1 and the loss's gradient is the policy
+    gradient -A * grad log p, token-mean."""
+    examples = [_example(r) for r, _ in batch]
+    adv = torch.tensor([a for _, a in batch], dtype=torch.float32, device=dev)
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + step)).tolist()
+    minis = _micro_batches(examples, order, cfg.mini_batches, cfg.row_tokens)
+    old: dict[tuple[int, int], torch.Tensor] = {}
+    ref: dict[tuple[int, int], torch.Tensor] = {}
+    ent_sum = gap_sum = 0.0
+    n_tok = 0
+    engine_lp = {i: [lp for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m] for i, (r, _) in enumerate(batch)}
+    on_policy = len(minis) == 1 and not (ref_model is not None and cfg.kl_coef > 0)
+    if reuse_forward is not None:  # tests compare both paths
+        on_policy = on_policy and reuse_forward
+
+    def observe(logits: torch.Tensor, tgt: torch.Tensor, lp: torch.Tensor, row: list[int]) -> None:
+        nonlocal ent_sum, gap_sum, n_tok
+        ent_sum += float(entropy(logits, cfg.temperature).sum())
+        n_tok += tgt.numel()
+        sampled = torch.tensor([x for i in row for x in engine_lp[i]], device=dev)
+        if sampled.numel() == lp.numel():
+            gap_sum += float((sampled - lp).abs().sum())
+
+    if not on_policy:
+        model.eval()
+        with torch.no_grad(), kit.autocast(dev, autocast_dtype):
+            for b, mini in enumerate(minis):
+                for m, row in enumerate(mini):
+                    logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
+                    old[b, m] = token_logprobs(logits, tgt, cfg.temperature)
+                    observe(logits, tgt, old[b, m], row)
+                    if ref_model is not None:
+                        rl, rt, _ = _forward(ref_model, examples, row, pad_id, dev)
+                        ref[b, m] = token_logprobs(rl, rt, cfg.temperature)
+    model.train()
+    loss_sum = clip_sum = kl_sum = 0.0
+    grad_norms = []
+    for b, mini in enumerate(minis):
+        n_mini = sum(sum(examples[i].loss_mask[1:]) for row in mini for i in row)
+        for m, row in enumerate(mini):
+            with kit.autocast(dev, autocast_dtype):
+                logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
+            lp = token_logprobs(logits, tgt, cfg.temperature)[None]
+            if on_policy:
+                with torch.no_grad():
+                    observe(logits.detach(), tgt, lp[0].detach(), row)
+            a, mask = adv[seg][None], torch.ones_like(lp)
+            o = lp.detach() if on_policy else old[b, m][None]
+            share = lp.numel() / max(n_mini, 1)
+            loss = policy_loss(lp, o, a, mask, cfg.clip_low, cfg.clip_high) * share
+            if ref_model is not None and cfg.kl_coef > 0:
+                kl = masked_mean(kl_k3(lp, ref[b, m][None]), mask)
+                loss = loss + cfg.kl_coef * kl * share
+                kl_sum += float(kl) * lp.numel()
+            loss.backward()
+            loss_sum += float(loss.detach()) * n_mini
+            clip_sum += clip_fraction(lp.detach(), o, a, mask, cfg.clip_low, cfg.clip_high) * lp.numel()
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        kit.release_freed_memory()
+    n = max(n_tok, 1)
+    out = {"loss": loss_sum / n, "entropy": ent_sum / n, "clip_fraction": clip_sum / n,
+           "grad_norm": sum(grad_norms) / len(grad_norms), "policy_tokens_trained": n_tok,
+           "rollout_logprob_gap": gap_sum / n}
+    if ref_model is not None and cfg.kl_coef > 0:
+        out["kl"] = kl_sum / n
+    return out
+
+
+def policy_logprobs(model: Any, rollouts: Sequence[Rollout], temperature: float, pad_id: int,
+                    row_tokens: int = 8192) -> list[torch.Tensor]:
+    """Per rollout, log_softmax(logits / temperature) of its policy tokens under ``model`` ([n_i] each,
+    in order; observation and prompt tokens excluded). No grad; rows packed up to ``row_tokens``."""
+    examples = [_example(r) for r in rollouts]
+    dev = next(model.parameters()).device
+    out: list[list[torch.Tensor]] = [[] for _ in rollouts]
+    with torch.no_grad(), kit.attention_impl(model, "varlen"):
+        for row in pack(examples, max(row_tokens, max(len(e) for e in examples))):
+            logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
+            lp = token_logprobs(logits, tgt, temperature)
+            for i in row:
+                out[i].append(lp[seg == i])
+    return [torch.cat(parts) if parts else torch.zeros(0) for parts in out]
+
+
+def heldout_kl(policy: Any, reference: Any, rollouts: Sequence[Rollout], temperature: float, pad_id: int) -> float:
+    """KL(policy || reference) per policy token, estimated on ``rollouts`` sampled from ``policy``:
+    the mean of log p(token) - log q(token) (the k1 estimator, unbiased under the policy's samples)."""
+    if not rollouts:
+        return float("nan")
+    p = torch.cat(policy_logprobs(policy, rollouts, temperature, pad_id))
+    q = torch.cat(policy_logprobs(reference, rollouts, temperature, pad_id))
+    return float((p - q).mean()) if p.numel() else float("nan")
