@@ -44,7 +44,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -65,17 +64,18 @@ from coa.trainkit import (
     attention_impl,
     autocast,
     build_optimizer,
+    checkpoints,  # noqa: F401 - coa.train.checkpoints, as before it moved to the kit
     collate_rows,
     json_number,
+    load_checkpoint,
     release_freed_memory,
-    rng_state,
+    save_checkpoint,
     seeded_stream,
-    set_rng_state,
     set_trainable,
     target_logits,
     varlen_inputs,
 )
-from coa.zero import deepspeed_full_model, deepspeed_init
+from coa.zero import deepspeed_full_model, deepspeed_init, require_deepspeed
 
 log = logging.getLogger(__name__)
 
@@ -197,17 +197,6 @@ def fingerprint(model: torch.nn.Module, examples: Sequence[Example], cfg: SftCon
     return h.hexdigest()
 
 
-def checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints (step, folder), oldest first."""
-    if not ckpt_dir.is_dir():
-        return []
-    found = []
-    for p in ckpt_dir.glob("step-*"):
-        if p.is_dir() and p.name[5:].isdigit() and (p / "trainer.pt").exists():
-            found.append((int(p.name[5:]), p))
-    return sorted(found)
-
-
 @dataclass
 class _State:
     step: int = 0
@@ -309,8 +298,9 @@ def train_sft(
     if cfg.trainable_layers:
         log.info("sft: the top %d layers train (%.1fM parameters)", cfg.trainable_layers, n_trainable / 1e6)
     if use_ds:
+        require_deepspeed("sft")
         optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay, cpu_adam=cfg.deepspeed.offload_optimizer)
-        engine, scheduler = deepspeed_init(model, cfg, optimizer, lr_lambda)
+        engine, scheduler = deepspeed_init(model, optimizer, cfg.deepspeed, lr_lambda, **zero_settings(cfg))
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         run, dev = engine, engine.device
         optimizer = None
@@ -411,60 +401,32 @@ def train_sft(
         wall_s=time.perf_counter() - start_wall, resumed_from=resumed_from, history=h)
 
 
+def zero_settings(cfg: SftConfig) -> dict[str, Any]:
+    """What coa.zero builds SFT's DeepSpeed config from: rows per micro-batch, micro-batches per step, the
+    dtype and clipping."""
+    return {"dtype": cfg.dtype, "grad_clip": cfg.grad_clip, "micro_batch": cfg.rows_per_step,
+            "accumulation": cfg.gradient_accumulation}
+
+
 def _save(ckpt: Path, state: _State, fp: str, model: torch.nn.Module, optimizer: Any, scheduler: Any,
           engine: Any, rank: int, keep: int) -> None:
-    """Write ckpt/step-N atomically (a temporary folder renamed), then drop all but the newest ``keep``."""
-    final = ckpt / f"step-{state.step}"
-    tmp = ckpt / f".tmp-step-{state.step}"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    if engine is not None:
-        torch.distributed.barrier()
-        engine.save_checkpoint(str(tmp), tag="ds")
-        torch.save(rng_state(), tmp / f"rng-{rank}.pt")
-        torch.distributed.barrier()
-    else:
-        torch.save(model.state_dict(), tmp / "model.pt")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(rng_state(), tmp / "rng-0.pt")
-    if rank == 0:
-        torch.save({"step": state.step, "fingerprint": fp, "scheduler": scheduler.state_dict(),
-                    "history": state.history}, tmp / "trainer.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for _, old in checkpoints(ckpt)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    if engine is not None:
-        torch.distributed.barrier()
+    """ckpt/step-N (coa.trainkit.save_checkpoint) with the step, fingerprint, scheduler and history."""
+    meta = {"step": state.step, "fingerprint": fp, "scheduler": scheduler.state_dict(), "history": state.history}
+    save_checkpoint(ckpt, meta, model=model, optimizer=optimizer, engine=engine, rank=rank, keep=keep)
 
 
 def _resume(ckpt: Path, fp: str, model: torch.nn.Module, optimizer: Any, scheduler: Any, engine: Any,
             rank: int) -> _State:
     """Load the newest checkpoint made for the same fingerprint; discard others and leftovers."""
-    if rank == 0 and ckpt.is_dir():
-        for tmp in ckpt.glob(".tmp-step-*"):
-            shutil.rmtree(tmp, ignore_errors=True)
-    if engine is not None:
-        torch.distributed.barrier()
-    for step, path in reversed(checkpoints(ckpt)):
-        meta = torch.load(path / "trainer.pt", weights_only=False)
+
+    def accept(meta: dict[str, Any], path: Path) -> bool:
         if meta["fingerprint"] != fp:
             log.warning("sft: %s was made for other inputs (config, data or base model); discarding it", path)
-            if engine is not None:
-                torch.distributed.barrier()
-            if rank == 0:
-                shutil.rmtree(path, ignore_errors=True)
-            continue
-        if engine is not None:
-            engine.load_checkpoint(str(path), tag="ds", load_optimizer_states=True,
-                                   load_lr_scheduler_states=True)
-        else:
-            model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
-            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        scheduler.load_state_dict(meta["scheduler"])
-        rng = path / f"rng-{rank}.pt"
-        if rng.exists():
-            set_rng_state(torch.load(rng, weights_only=False))
-        return _State(step=step, history=list(meta["history"]))
-    return _State()
+            return False
+        return True
+
+    meta = load_checkpoint(ckpt, accept, model=model, optimizer=optimizer, engine=engine, rank=rank)
+    if meta is None:
+        return _State()
+    scheduler.load_state_dict(meta["scheduler"])
+    return _State(step=meta["step"], history=list(meta["history"]))

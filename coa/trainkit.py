@@ -14,6 +14,8 @@
 - ``target_logits``: logits only where a target token follows (``logits_to_keep``): [N, V].
 - ``varlen_attention`` / ``attention_impl``: causal attention within each sample of a packed row.
 - ``rng_state`` / ``set_rng_state``: every generator, for exact resume.
+- ``save_checkpoint`` / ``load_checkpoint`` / ``checkpoints``: ckpt/step-N folders (trainer state, weights and
+  optimizer or DeepSpeed's shards, every rank's RNG), written atomically; SFT's and RL's resume.
 - ``set_trainable``: only the top decoder layers train (SFT's and RL's ``trainable_layers``).
 - ``release_freed_memory``: after each optimizer step, the heap pages the step freed go back to the OS.
 """
@@ -24,6 +26,7 @@ import ctypes
 import ctypes.util
 import json
 import math
+import os
 import random
 import shutil
 from collections.abc import Callable, Sequence
@@ -228,6 +231,79 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints (step, folder), oldest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for p in ckpt_dir.glob("step-*"):
+        if p.is_dir() and p.name[5:].isdigit() and (p / "trainer.pt").exists():
+            found.append((int(p.name[5:]), p))
+    return sorted(found)
+
+
+def save_checkpoint(ckpt: Path, meta: dict[str, Any], *, model: torch.nn.Module, optimizer: Any, engine: Any,
+                    rank: int, keep: int) -> None:
+    """Write ckpt/step-<meta["step"]> atomically (a temporary folder renamed), then drop all but the newest
+    ``keep``: ``meta`` as trainer.pt (rank 0), every rank's RNG (rng-<rank>.pt), and the weights and
+    optimizer state: model.pt and optimizer.pt, or a DeepSpeed ``engine``'s shards under ds/ (every rank
+    calls then: the barriers and the shards are collective)."""
+    step = meta["step"]
+    final = ckpt / f"step-{step}"
+    tmp = ckpt / f".tmp-step-{step}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if engine is not None:
+        torch.distributed.barrier()
+        engine.save_checkpoint(str(tmp), tag="ds")
+        torch.save(rng_state(), tmp / f"rng-{rank}.pt")
+        torch.distributed.barrier()
+    else:
+        torch.save(model.state_dict(), tmp / "model.pt")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(rng_state(), tmp / "rng-0.pt")
+    if rank == 0:
+        torch.save(meta, tmp / "trainer.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for _, old in checkpoints(ckpt)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    if engine is not None:
+        torch.distributed.barrier()
+
+
+def load_checkpoint(ckpt: Path, accept: Callable[[dict[str, Any], Path], bool], *, model: torch.nn.Module,
+                    optimizer: Any, engine: Any, rank: int) -> dict[str, Any] | None:
+    """Load the newest checkpoint under ``ckpt`` whose trainer.pt ``accept(meta, folder)`` takes (weights,
+    optimizer state, this rank's RNG) and return its meta; the ones it refuses are deleted, as are the
+    leftovers of an interrupted save. None when none is left. With a DeepSpeed ``engine`` every rank calls."""
+    if rank == 0 and ckpt.is_dir():
+        for tmp in ckpt.glob(".tmp-step-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    if engine is not None:
+        torch.distributed.barrier()
+    for _, path in reversed(checkpoints(ckpt)):
+        meta = torch.load(path / "trainer.pt", weights_only=False)
+        if not accept(meta, path):
+            if engine is not None:
+                torch.distributed.barrier()
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            continue
+        if engine is not None:
+            engine.load_checkpoint(str(path), tag="ds", load_optimizer_states=True,
+                                   load_lr_scheduler_states=True)
+        else:
+            model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        rng = path / f"rng-{rank}.pt"
+        if rng.exists():
+            set_rng_state(torch.load(rng, weights_only=False))
+        return meta
+    return None
 
 
 def json_number(x: float | None) -> float | None:

@@ -1,11 +1,14 @@
-"""DeepSpeed ZeRO for the SFT loop (coa.train): config from params, sharded loading, engine, gathered model.
+"""DeepSpeed ZeRO for the SFT loop (coa.train) and the RL update (coa.dapo): config from params, sharded
+loading, engine, gathered model.
 
-    hold = zero3_loading(cfg)            # before from_pretrained: ZeRO-3 ranks load only their shard
+    hold = zero3_loading(cfg.deepspeed, "sft", **settings)   # before from_pretrained: ZeRO-3 ranks load their shard
     optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay, cpu_adam=cfg.deepspeed.offload_optimizer)
-    engine, scheduler = deepspeed_init(model, cfg, optimizer, lr_lambda)
+    engine, scheduler = deepspeed_init(model, optimizer, cfg.deepspeed, lr_lambda, **settings)
     model = deepspeed_full_model(engine, rank)   # the float32 weights on rank 0 (every rank calls)
 
-Runs on CPU with gloo in one process: the env vars of a launcher are filled in when absent.
+``settings`` are the stage's pieces of the config (``deepspeed_config``'s keywords), e.g. coa.train.zero_settings
+(rows per micro-batch, micro-batches per step). Runs on CPU with gloo in one process: the env vars of a
+launcher are filled in when absent.
 """
 
 from __future__ import annotations
@@ -17,8 +20,17 @@ from typing import Any
 
 import torch
 
-from coa.config import SftConfig
+from coa.config import DeepSpeedConfig
 from coa.device import default_device, resolve_dtype
+
+
+def require_deepspeed(section: str) -> None:
+    """One line (SystemExit) when ``<section>.deepspeed.enabled`` is set but DeepSpeed is not installed."""
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        raise SystemExit(f"{section}.deepspeed.enabled is true but DeepSpeed is not installed: pip install -e .[train] "
+                         f"(or set {section}.deepspeed.enabled: false)") from None
 
 
 def _dist_env() -> None:
@@ -34,51 +46,60 @@ def _dist_env() -> None:
                       MASTER_PORT=str(port))
 
 
-def deepspeed_config(cfg: SftConfig, world: int) -> dict[str, Any]:
-    """The DeepSpeed config dict built from cfg (no JSON file needed)."""
-    ds = cfg.deepspeed
+def deepspeed_config(ds: DeepSpeedConfig, world: int, *, dtype: str, grad_clip: float, micro_batch: int = 1,
+                     accumulation: int = 1, caller_steps: bool = False) -> dict[str, Any]:
+    """The DeepSpeed config dict (no JSON file needed): ``ds``'s ZeRO stage and offload, ``micro_batch`` rows
+    per forward, ``accumulation`` micro-batches per optimizer step on each of ``world`` ranks, bf16 when
+    ``dtype`` resolves to it here, gradient clipping (0 = off). ``caller_steps``: every ``engine.step()``
+    is an optimizer step after however many backwards (DeepSpeed's managed_gradient_accumulation off)."""
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if ds.zero_stage == 3:
         zero.update(stage3_gather_16bit_weights_on_model_save=False)
-    return {
-        "train_micro_batch_size_per_gpu": cfg.rows_per_step,
-        "gradient_accumulation_steps": cfg.gradient_accumulation,
-        "train_batch_size": cfg.rows_per_step * cfg.gradient_accumulation * world,
-        "gradient_clipping": cfg.grad_clip,
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": accumulation,
+        "train_batch_size": micro_batch * accumulation * world,
+        "gradient_clipping": grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": resolve_dtype(cfg.dtype, default_device()) == torch.bfloat16},
+        "bf16": {"enabled": resolve_dtype(dtype, default_device()) == torch.bfloat16},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1 << 30,
     }
+    if caller_steps:
+        config["managed_gradient_accumulation"] = False
+    return config
 
 
-def zero3_loading(cfg: SftConfig) -> Any:
+def zero3_loading(ds: DeepSpeedConfig, section: str, **settings: Any) -> Any:
     """Hold the returned object while calling ``from_pretrained`` (then drop it): with ZeRO-3 each rank then
-    loads only its shard of the weights instead of a full copy. None when ZeRO-3 is off."""
-    if not (cfg.deepspeed.enabled and cfg.deepspeed.zero_stage == 3):
+    loads only its shard of the weights instead of a full copy. None when ZeRO-3 is off. ``settings``: as
+    for ``deepspeed_config``; ``section`` names the params section in errors."""
+    if not (ds.enabled and ds.zero_stage == 3):
         return None
+    require_deepspeed(section)
     _dist_env()
     import deepspeed
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
-    deepspeed.init_distributed(dist_backend=cfg.deepspeed.dist_backend)
-    return HfDeepSpeedConfig(deepspeed_config(cfg, torch.distributed.get_world_size()))
+    deepspeed.init_distributed(dist_backend=ds.dist_backend)
+    return HfDeepSpeedConfig(deepspeed_config(ds, torch.distributed.get_world_size(), **settings))
 
 
-def deepspeed_init(model: torch.nn.Module, cfg: SftConfig, optimizer: torch.optim.Optimizer,
-                   lr_lambda: Callable[[int], float]) -> tuple[Any, Any]:
+def deepspeed_init(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ds: DeepSpeedConfig,
+                   lr_lambda: Callable[[int], float] | None = None, **settings: Any) -> tuple[Any, Any]:
     """(DeepSpeed engine, its LR scheduler) around ``model`` and ``optimizer`` (DeepSpeed's CPUAdam when
-    ``cfg.deepspeed.offload_optimizer``)."""
+    ``ds.offload_optimizer``); the scheduler, stepped by DeepSpeed with the optimizer, is None without
+    ``lr_lambda``. ``settings``: as for ``deepspeed_config``."""
     _dist_env()
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend=cfg.deepspeed.dist_backend)
+    deepspeed.init_distributed(dist_backend=ds.dist_backend)
     world = torch.distributed.get_world_size()
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda) if lr_lambda is not None else None
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                                   config=deepspeed_config(cfg, world))
+                                                   config=deepspeed_config(ds, world, **settings))
     return engine, scheduler
 
 
@@ -104,3 +125,4 @@ def deepspeed_full_model(engine: Any, rank: int) -> torch.nn.Module | None:
     fresh.tie_weights()
     fresh.generation_config = module.generation_config
     return fresh
+

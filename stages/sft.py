@@ -35,7 +35,7 @@ from coa.device import compute_facts, default_device, resolve_dtype
 from coa.diagnostics import teacher_forced
 from coa.io import read_table, write_json
 from coa.model import load_pretrained
-from coa.train import encode_trajectories, train_sft
+from coa.train import encode_trajectories, train_sft, zero_settings
 from coa.trainkit import save_trained
 from coa.zero import zero3_loading
 from schemas import Trajectory
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         if not records:
             raise SystemExit(f"{st.args.trajectories}: no trajectories to train on; "
                              "check the distill stage's filters")
-        hold = zero3_loading(cfg)  # ZeRO-3: each rank loads only its shard of the weights
+        hold = zero3_loading(cfg.deepspeed, "sft", **zero_settings(cfg))  # ZeRO-3: each rank loads its shard
         model, tok = load_pretrained(st.args.base)
         del hold
         st.compute = compute_facts(resolve_dtype(cfg.dtype, default_device()))  # train_sft's autocast dtype

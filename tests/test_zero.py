@@ -13,6 +13,7 @@ import torch
 
 from coa import zero as Z
 from coa.config import DeepSpeedConfig
+from coa.train import zero_settings
 from tests.tiny_sft import cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ model = tiny_model(tok)
 if spec.pop("from_pretrained", False):  # ZeRO-3: every rank loads only its shard
     from coa.model import load_pretrained, save_pretrained
     save_pretrained(model, tok, sys.argv[2] + "-base", {{}})
-    hold = Z.zero3_loading(cfg(deepspeed=ds, **spec))
+    hold = Z.zero3_loading(ds, "sft", **T.zero_settings(cfg(deepspeed=ds, **spec)))
     model, _ = load_pretrained(sys.argv[2] + "-base")
     del hold
     assert model.lm_head.weight.numel() == 0 and hasattr(model.lm_head.weight, "ds_id")
@@ -136,13 +137,17 @@ def test_deepspeed_config_from_params():
         dtype="bfloat16",
         deepspeed=DeepSpeedConfig(enabled=True, zero_stage=3, dist_backend="nccl", offload_optimizer=True),
     )
-    d = Z.deepspeed_config(c, world=8)
+    d = Z.deepspeed_config(c.deepspeed, 8, **zero_settings(c))
     assert d["train_batch_size"] == 64 and d["gradient_accumulation_steps"] == 4
     assert (
         d["zero_optimization"]["stage"] == 3
         and d["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     )
     assert d["bf16"]["enabled"] and d["gradient_clipping"] == 1.0
+    assert "managed_gradient_accumulation" not in d  # SFT: DeepSpeed counts the micro-batches of a step
+    caller = Z.deepspeed_config(c.deepspeed, 8, dtype="float32", grad_clip=0.5, caller_steps=True)
+    assert (caller["train_micro_batch_size_per_gpu"], caller["train_batch_size"]) == (1, 8)
+    assert caller["managed_gradient_accumulation"] is False and not caller["bf16"]["enabled"]
 
 
 def test_paper_preset_merges_over_params_into_valid_config():
@@ -161,4 +166,5 @@ def test_paper_preset_merges_over_params_into_valid_config():
     assert (s.lr, s.warmup_ratio, s.max_len, s.row_tokens, s.dtype) == (1.4e-5, 0.1, 32768, 32768, "bfloat16")
     assert 2.0 <= s.epochs <= 2.5
     assert s.deepspeed.enabled and s.deepspeed.zero_stage == 3 and s.deepspeed.dist_backend == "nccl"
-    assert Z.deepspeed_config(s, world=8)["train_batch_size"] == s.rows_per_step * s.gradient_accumulation * 8
+    assert Z.deepspeed_config(s.deepspeed, 8, **zero_settings(s))["train_batch_size"] == (
+        s.rows_per_step * s.gradient_accumulation * 8)
