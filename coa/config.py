@@ -398,6 +398,8 @@ class RlConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = _help(
         "Autocast dtype of the update (float32 master weights); auto = bfloat16 only where native.")
     engine: EngineConfig = _help("Rollout engine: hf shares the trained weights; vllm gets them after each step.")
+    deepspeed: DeepSpeedConfig = _help("ZeRO sharding of the update over the ranks of a launcher (deepspeed, torchrun), "
+                                       "each rank rolling out its share of the groups; runs on CPU with gloo.")
     checkpoint_every: int = _help("Steps between resumable checkpoints (model, optimizer, task stream, RNG).")
     heldout_tasks: int = _help("Eval-split tasks per domain rolled out by the RL policy to measure KL(RL || SFT).")
     register_as: str = _help("MLflow registered-model name of the result.")

@@ -1,13 +1,15 @@
 """DeepSpeed ZeRO for the SFT loop (coa.train) and the RL update (coa.dapo): config from params, sharded
-loading, engine, gathered model.
+loading, engine, gathered model, the weights handed to a rollout engine module by module.
 
     hold = zero3_loading(cfg.deepspeed, "sft", **settings)   # before from_pretrained: ZeRO-3 ranks load their shard
     optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay, cpu_adam=cfg.deepspeed.offload_optimizer)
     engine, scheduler = deepspeed_init(model, optimizer, cfg.deepspeed, lr_lambda, **settings)
     model = deepspeed_full_model(engine, rank)   # the float32 weights on rank 0 (every rank calls)
+    rollout_engine.sync(module_weights(engine.module))   # every rank calls: ZeRO-3 gathers one module at a time
 
-``settings`` are the stage's pieces of the config (``deepspeed_config``'s keywords), e.g. coa.train.zero_settings
-(rows per micro-batch, micro-batches per step). Runs on CPU with gloo in one process: the env vars of a
+``settings`` are the stage's pieces of the config (``deepspeed_config``'s keywords): coa.train.zero_settings
+(rows per micro-batch, micro-batches per step) and coa.dapo.ranks.zero_settings (one row per forward, an
+optimizer step whenever the loop calls it). Runs on CPU with gloo in one process: the env vars of a
 launcher are filled in when absent.
 """
 
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -126,3 +129,35 @@ def deepspeed_full_model(engine: Any, rank: int) -> torch.nn.Module | None:
     fresh.generation_config = module.generation_config
     return fresh
 
+
+Chunk = list[tuple[str, torch.Tensor]]
+
+
+def module_weights(module: torch.nn.Module) -> Iterator[Chunk]:
+    """``module``'s weights, one submodule at a time: per submodule, (state-dict name, tensor) of its own
+    parameters (a tied one once, under its first name, as ``named_parameters``) and persistent buffers.
+
+    Under ZeRO-3 the submodule's partitioned parameters are gathered for the duration of its chunk
+    (``deepspeed.zero.GatheredParameters``, ``recurse=False`` style: only that submodule's own), so at most one
+    submodule is whole on a rank at a time, never a full copy of the model. A collective: every rank iterates
+    to the end, in the same order. The tensors are the module's own, valid until the next chunk is asked for:
+    a consumer copies them (HFEngine.sync, VLLMEngine.sync)."""
+    seen: set[int] = set()
+    for prefix, sub in module.named_modules():
+        params = [(n, p) for n, p in sub.named_parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for _, p in params)
+        skip = getattr(sub, "_non_persistent_buffers_set", set())
+        buffers = [(n, b) for n, b in sub.named_buffers(recurse=False) if n not in skip and b is not None]
+        if not params and not buffers:
+            continue
+        with _gathered([p for _, p in params]):
+            yield [(f"{prefix}.{n}" if prefix else n, t.detach()) for n, t in params + buffers]
+
+
+def _gathered(params: list[torch.nn.Parameter]) -> Any:
+    """ZeRO-3's gather of ``params`` (their full values, read-only) for a block; nothing to do otherwise."""
+    if not any(hasattr(p, "ds_id") for p in params):
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)

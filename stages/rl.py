@@ -15,18 +15,32 @@ gets them after every step. Checkpoints every `checkpoint_every` steps under --c
 started again resumes there. At the end the RL policy answers `heldout_tasks` eval-split tasks per
 domain, and KL(RL || SFT) per token is measured on those rollouts. The model is registered as
 `rl.register_as` (coa-policy).
+
+Many GPUs: set `rl.deepspeed.enabled: true` and `dist_backend: nccl` (configs/paper.yaml), then
+
+    deepspeed --num_gpus 8 --module stages.rl <the arguments above>
+    torchrun --nproc-per-node 8 -m stages.rl <the arguments above>
+
+The update runs in a DeepSpeed ZeRO engine; each rank rolls out its share of a step's groups with its own
+engine, which gets the trained weights module by module after every step (coa.dapo.ranks, coa.zero).
+Rank 0 alone writes the outputs, logs to MLflow and measures the held-out KL.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
 import shutil
+import sys
+from contextlib import nullcontext
 
 import polars as pl
+import torch
 
 from coa.config import derive_seed, to_dict
 from coa.dapo import heldout_kl, train_dapo
+from coa.dapo.ranks import check_launch, zero_settings
 from coa.device import compute_facts, resolve_dtype
 from coa.io import first_per_domain, md5_path, read_table, write_json
 from coa.model import load_pretrained
@@ -36,6 +50,7 @@ from coa.rewards import RewardSpec, reward
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
 from coa.trainkit import save_trained
+from coa.zero import zero3_loading
 from schemas import Task, TaskStats
 from stages._stage import Stage
 
@@ -46,10 +61,14 @@ def main(argv: list[str] | None = None) -> None:
     inputs = {"tasks": "curated tasks (parquet)", "rl_tasks": "solve_filter stats (parquet)",
               "policy": "the SFT policy (HF folder)", "index": "search index folder",
               "checkpoints": "resume checkpoints folder (removed after a finished run)"}
-    with Stage("rl", argv, inputs=inputs,
-               outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
-                        "plots": "reward curve (JSON rows per step)"}) as st:
+    # the deepspeed launcher appends --local_rank=N unless given --no_local_rank; LOCAL_RANK is in the env
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
+    st = Stage("rl", argv, inputs=inputs, outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
+                                                  "plots": "reward curve (JSON rows per step)"})
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    with st if main_rank else nullcontext(st):
         cfg, agent = st.params.rl, st.params.common.agent
+        check_launch(cfg)  # one line for a launch that cannot work, before any model loads
         seed = derive_seed(st.params.common.seed, "rl")
         tasks = read_table(st.args.tasks, Task).sort("task_id")
         kept = set(read_table(st.args.rl_tasks, TaskStats).filter(pl.col("kept"))["task_id"])
@@ -57,15 +76,21 @@ def main(argv: list[str] | None = None) -> None:
         if not train:
             raise SystemExit(f"{st.args.rl_tasks}: no RL tasks kept; the SFT policy solved every task k/k or "
                              "0/k (see metrics/solve_filter.json; solve_filter.drop_unsolved: false keeps 0/k)")
+        hold = zero3_loading(cfg.deepspeed, "rl", **zero_settings(cfg))  # ZeRO-3: each rank loads its shard
         model, tok = load_pretrained(st.args.policy)
+        del hold
         # the update's dtype, resolved where train_dapo resolves it (the policy's device)
         st.compute = compute_facts(resolve_dtype(cfg.dtype, next(model.parameters()).device))
         if cfg.engine.kind == "hf":
             from coa.rollout.hf import HFEngine
 
             # rollouts in the engine's dtype (bf16 where native) from a copy synced after every update
-            rollout_dtype = resolve_dtype(cfg.engine.dtype, next(model.parameters()).device)
-            policy = model if rollout_dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(rollout_dtype)
+            device = _rank_device() if cfg.deepspeed.enabled else next(model.parameters()).device
+            rollout_dtype = resolve_dtype(cfg.engine.dtype, device)
+            if cfg.deepspeed.enabled:  # DeepSpeed's module (ZeRO-3: sharded) trains; the engine has its own copy
+                policy = load_pretrained(st.args.policy, rollout_dtype)[0].to(device)
+            else:
+                policy = model if rollout_dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(rollout_dtype)
             engine = tracked(HFEngine(policy, tok, max_batch=cfg.engine.max_batch), "hf rollouts of the RL policy")
         else:
             engine = engine_from(cfg.engine, st.args.policy)
@@ -88,7 +113,10 @@ def main(argv: list[str] | None = None) -> None:
         tools = tools_factory(st.params.common.tools, st.args.index)
         result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent_limits(agent), tools_factory=tools,
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
-                            seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step, ref_model=ref)
+                            seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step if main_rank else None,
+                            ref_model=ref)
+        if not main_rank:
+            return
 
         out = save_trained(result.model, tok, st.args.out, {"common": to_dict(st.params.common), "rl": to_dict(cfg)},
                            st.args.policy, "sft_model")
@@ -114,6 +142,14 @@ def main(argv: list[str] | None = None) -> None:
         st.register(out, cfg.register_as, {"coa.model_md5": md5_path(out)})
         st.finish(metrics)
         shutil.rmtree(st.args.checkpoints, ignore_errors=True)
+
+
+def _rank_device() -> torch.device:
+    """This rank's accelerator (the launcher's LOCAL_RANK), else the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
 """DeepSpeed ZeRO for the SFT loop (coa.zero): CPU runs on gloo (learning, ZeRO-3 == torch, exact resume,
-two ranks == one), the DeepSpeed config from params, the paper preset."""
+two ranks == one), the DeepSpeed config from params for SFT and RL, the paper preset (RL: tests/test_rl_zero.py)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from coa import zero as Z
-from coa.config import DeepSpeedConfig
+from coa.config import DeepSpeedConfig, load_params
+from coa.dapo.ranks import zero_settings as rl_zero_settings
 from coa.train import zero_settings
 from tests.tiny_sft import cfg
 
@@ -145,9 +147,12 @@ def test_deepspeed_config_from_params():
     )
     assert d["bf16"]["enabled"] and d["gradient_clipping"] == 1.0
     assert "managed_gradient_accumulation" not in d  # SFT: DeepSpeed counts the micro-batches of a step
-    caller = Z.deepspeed_config(c.deepspeed, 8, dtype="float32", grad_clip=0.5, caller_steps=True)
-    assert (caller["train_micro_batch_size_per_gpu"], caller["train_batch_size"]) == (1, 8)
-    assert caller["managed_gradient_accumulation"] is False and not caller["bf16"]["enabled"]
+    # RL, from the same builder: one row per forward, an optimizer step whenever the loop asks (rows vary)
+    r = Z.deepspeed_config(c.deepspeed, 8, **rl_zero_settings(replace(load_params().rl, dtype="float32",
+                                                                      grad_clip=0.5)))
+    assert (r["train_micro_batch_size_per_gpu"], r["gradient_accumulation_steps"], r["train_batch_size"]) == (1, 1, 8)
+    assert r["managed_gradient_accumulation"] is False and r["gradient_clipping"] == 0.5
+    assert not r["bf16"]["enabled"] and r["zero_optimization"] == d["zero_optimization"]
 
 
 def test_paper_preset_merges_over_params_into_valid_config():
@@ -168,3 +173,9 @@ def test_paper_preset_merges_over_params_into_valid_config():
     assert s.deepspeed.enabled and s.deepspeed.zero_stage == 3 and s.deepspeed.dist_backend == "nccl"
     assert Z.deepspeed_config(s.deepspeed, 8, **zero_settings(s))["train_batch_size"] == (
         s.rows_per_step * s.gradient_accumulation * 8)
+    r = params.rl  # RL too: ZeRO-3 over NCCL, the paper's 64 prompts x 8 rollouts split by group over the ranks
+    assert r.deepspeed == DeepSpeedConfig(enabled=True, zero_stage=3, dist_backend="nccl", offload_optimizer=False)
+    assert (r.prompts_per_step, r.rollouts_per_prompt, r.steps) == (64, 8, 300)
+    assert Z.deepspeed_config(r.deepspeed, 8, **rl_zero_settings(r))["zero_optimization"]["stage"] == 3
+    header = (ROOT / "configs/paper.yaml").read_text().split("\n\n")[0]
+    assert "deepspeed --num_gpus 8 --module stages.rl" in header and "--module stages.sft" in header

@@ -17,9 +17,11 @@ import torch
 
 from coa import trainkit as kit
 from coa.dapo.loss import group_advantages, keep_groups
+from coa.dapo.ranks import Ranks, ZeroStep, check_checkpoint, check_launch, zero_trainer
 from coa.dapo.update import _update
 from coa.device import resolve_dtype
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
+from coa.zero import deepspeed_full_model, module_weights
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +31,12 @@ LogFn = Callable[[int, dict[str, float]], None]
 
 @dataclass
 class DapoResult:
-    model: torch.nn.Module
+    model: torch.nn.Module | None  # the trained float32 model; None on DeepSpeed ranks > 0
     steps: int
     history: list[dict[str, float]]  # one row per step (reward before filtering, accuracy, clip fraction...)
     resumed_from: int
     wall_s: float
+    groups: list[list[str]] = field(default_factory=list)  # per step, the kept groups ("round:task_id#position")
 
     def metrics(self, n_tasks: int, heldout: int, kl: float) -> dict[str, Any]:
         """metrics/rl.json: reward and accuracy over the first and last fifth of the steps, groups kept,
@@ -76,6 +79,7 @@ class _State:
     step: int = 0
     cursor: int = 0  # prompts taken from the task stream so far
     history: list[dict[str, float]] = field(default_factory=list)
+    groups: list[list[str]] = field(default_factory=list)  # per step, the kept groups
 
 
 def task_stream(n_tasks: int, seed: int, start: int, count: int) -> list[int]:
@@ -99,127 +103,166 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     start_wall = time.perf_counter()
     if not tasks:
         raise ValueError("no tasks to train on")
-    dev = next(model.parameters()).device
+    check_launch(cfg)
+    use_ds = cfg.deepspeed.enabled
     kit.set_trainable(model, cfg.trainable_layers)
-    optimizer = kit.build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay)
     warm = max(1, cfg.warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm))
-    autocast_dtype = torch.bfloat16 if resolve_dtype(cfg.dtype, dev) == torch.bfloat16 else None
-    log.info("rl: update dtype %s (rl.dtype=%s)", autocast_dtype or torch.float32, cfg.dtype)
+
+    def lr_lambda(s: int) -> float:
+        return min(1.0, (s + 1) / warm)
+
+    if use_ds:  # the module is DeepSpeed's (ZeRO-3: partitioned); the rollout engine holds its own copy
+        optimizer, scheduler = zero_trainer(model, cfg, lr_lambda)
+        ranks, run, dev, zero_stage = Ranks.current(), optimizer.engine, optimizer.engine.device, cfg.deepspeed.zero_stage
+        autocast_dtype = None  # DeepSpeed's bf16 mode casts the module itself
+        bf16 = resolve_dtype(cfg.dtype, dev) == torch.bfloat16
+        if ref_model is not None:
+            ref_model.to(dev)
+    else:
+        dev = next(model.parameters()).device
+        optimizer = kit.build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+        ranks, run, zero_stage = Ranks.single(), model, 0
+        autocast_dtype = torch.bfloat16 if resolve_dtype(cfg.dtype, dev) == torch.bfloat16 else None
+        bf16 = autocast_dtype is not None
+    log.info("rl: update dtype %s (rl.dtype=%s)%s", torch.bfloat16 if bf16 else torch.float32, cfg.dtype,
+             f", DeepSpeed ZeRO-{zero_stage} on {ranks.world} ranks" if use_ds else "")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ckpt = Path(ckpt_dir) / "state.pt" if ckpt_dir is not None else None
+    ckpt = Path(ckpt_dir) if ckpt_dir is not None else None
+    key = _key(cfg, seed, tasks)
+
+    def sync() -> None:  # the rollout engine gets the trained weights (every rank: ZeRO-3 gathers)
+        if hasattr(engine, "sync"):
+            engine.sync(module_weights(model) if use_ds else model)
+
     state = _State()
-    if ckpt is not None and ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
-        if saved["key"] == _key(cfg, seed, tasks):
-            model.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
-            kit.set_rng_state(saved["rng"])
-            state = _State(saved["step"], saved["cursor"], saved["history"])
-            if hasattr(engine, "sync"):  # an engine with its own copy of the weights (vllm)
-                engine.sync(model)
+    if ckpt is not None:
+        state = _resume(ckpt, key, model, optimizer, scheduler, ranks, zero_stage)
+        if state.step:
+            sync()  # an engine with its own copy of the weights
             log.info("rl: resumed from %s at step %d", ckpt, state.step)
-        else:
-            log.warning("rl: %s was made for other inputs; starting afresh", ckpt)
     resumed_from = state.step
     prompts = [render(t) for t in tasks]
 
     from tqdm import tqdm
 
-    bar = tqdm(total=cfg.steps, initial=state.step, desc="rl", unit="step", disable=not progress, mininterval=2)
+    bar = tqdm(total=cfg.steps, initial=state.step, desc="rl", unit="step", disable=not progress or ranks.rank > 0,
+               mininterval=2)
     for step in range(state.step, cfg.steps):
         t0 = time.perf_counter()
-        metrics, batch = _generate(engine, tasks, prompts, cfg, limits, tools_factory, score, seed, step,
-                                   state)
+        metrics, batch, groups = _generate(engine, tasks, prompts, cfg, limits, tools_factory, score, seed, step,
+                                           state, ranks)
         t1 = time.perf_counter()
         if batch:  # else every group was all-equal: nothing to learn from this step
             with kit.attention_impl(model, "varlen"):  # only here: the engine's forwards use the model's own
-                metrics.update(_update(model, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype,
-                                       seed, step))
+                metrics.update(_update(run, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype,
+                                       seed, step, ranks=ranks))
             scheduler.step()
-        if hasattr(engine, "sync"):
-            engine.sync(model)
+        sync()
         metrics.update({"rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
                         "step_s": time.perf_counter() - t0, "lr": scheduler.get_last_lr()[0]})
         state.history.append({"step": step + 1, **metrics})
+        state.groups.append(groups)
         state.step = step + 1
         if ckpt is not None and state.step % cfg.checkpoint_every == 0 and state.step < cfg.steps:
-            _save(ckpt, state, model, optimizer, scheduler, _key(cfg, seed, tasks))
+            meta = {"key": key, "step": state.step, "cursor": state.cursor, "history": state.history,
+                    "groups": state.groups, "scheduler": scheduler.state_dict(), "world": ranks.world,
+                    "zero_stage": zero_stage}
+            kit.save_checkpoint(ckpt, meta, model=model, optimizer=None if use_ds else optimizer,
+                                engine=run if use_ds else None, rank=ranks.rank, keep=1)
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward']:.2f}", kept=metrics["groups_kept"], refresh=False)
         if log_fn is not None:
             log_fn(step + 1, metrics)
     bar.close()
-    model.eval()
-    return DapoResult(model=model, steps=cfg.steps, history=state.history, resumed_from=resumed_from,
-                      wall_s=time.perf_counter() - start_wall)
+    final = deepspeed_full_model(run, ranks.rank) if use_ds else model
+    if final is not None:
+        final.eval()
+    return DapoResult(model=final, steps=cfg.steps, history=state.history, resumed_from=resumed_from,
+                      wall_s=time.perf_counter() - start_wall, groups=state.groups)
 
 
 def _key(cfg: Any, seed: int, tasks: Sequence[dict[str, Any]]) -> str:
+    """What a checkpoint is valid for: the config (but how often it checkpoints and the ranks' layout, which
+    check_checkpoint reports), the seed, the tasks."""
     import hashlib
     import json
 
     from coa.config import to_dict
 
-    conf = {k: v for k, v in to_dict(cfg).items() if k not in ("checkpoint_every", "register_as")}
+    conf = {k: v for k, v in to_dict(cfg).items() if k not in ("checkpoint_every", "register_as", "deepspeed")}
+    conf["offload_optimizer"] = cfg.deepspeed.offload_optimizer  # another optimizer: its state does not carry over
     ids = [t["task_id"] for t in tasks]
     return hashlib.sha256(json.dumps([conf, seed, ids], sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _save(ckpt: Path, state: _State, model: Any, optimizer: Any, scheduler: Any, key: str) -> None:
-    ckpt.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt.with_suffix(".tmp")
-    torch.save({"key": key, "step": state.step, "cursor": state.cursor, "history": state.history,
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng": kit.rng_state()}, tmp)
-    tmp.replace(ckpt)
+def _resume(ckpt: Path, key: str, model: Any, optimizer: Any, scheduler: Any, ranks: Ranks, zero_stage: int,
+            ) -> _State:
+    """The newest checkpoint under ``ckpt`` made for the same inputs, loaded (others are discarded); one line
+    (SystemExit) when it was made with another world size or ZeRO stage."""
+
+    def accept(meta: dict[str, Any], path: Path) -> bool:
+        if meta.get("key") != key:
+            log.warning("rl: %s was made for other inputs; discarding it", path)
+            return False
+        check_checkpoint(meta, path, ranks.world, zero_stage)
+        return True
+
+    zero = isinstance(optimizer, ZeroStep)
+    meta = kit.load_checkpoint(ckpt, accept, model=model, optimizer=None if zero else optimizer,
+                               engine=optimizer.engine if zero else None, rank=ranks.rank)
+    if meta is None:
+        return _State()
+    scheduler.load_state_dict(meta["scheduler"])
+    return _State(meta["step"], meta["cursor"], meta["history"], meta["groups"])
 
 
 def _generate(engine: Engine, tasks: Sequence[dict[str, Any]], prompts: Sequence[str], cfg: Any, limits: Limits,
-              tools_factory: ToolsFactory, score: Score, seed: int, step: int, state: _State,
-              ) -> tuple[dict[str, float], list[tuple[Rollout, float]]]:
+              tools_factory: ToolsFactory, score: Score, seed: int, step: int, state: _State, ranks: Ranks,
+              ) -> tuple[dict[str, float], list[tuple[Rollout | None, float]], list[str]]:
     """Dynamic sampling: roll out groups until ``cfg.prompts_per_step`` of them have unequal rewards (or
     ``cfg.max_gen_batches`` rounds). Returns the step's rollout metrics (over every rollout generated,
-    before filtering) and the kept (rollout, advantage) pairs."""
+    before filtering), the kept (rollout, advantage) pairs and the kept groups ("round:task_id#position").
+    Each rank rolls out its share of a round's groups; the kept pairs are every rank's, in group order, the
+    rollout None where another rank holds it (coa.dapo.ranks)."""
     from concurrent.futures import ThreadPoolExecutor
 
     k, want = cfg.rollouts_per_prompt, cfg.prompts_per_step
-    kept: list[tuple[Rollout, float]] = []
+    kept: list[tuple[Rollout | None, float]] = []
+    groups: list[str] = []
     n_groups = n_kept = rounds = 0
-    rewards_all: list[float] = []
-    correct_all: list[bool] = []
-    seen: list[Rollout] = []
+    seen: list[tuple] = []  # per rollout of every rank: reward, correct, policy tokens, tool calls, turns, truncated
     while n_kept < want and rounds < cfg.max_gen_batches:
         idx = task_stream(len(tasks), seed, state.cursor, want)
         state.cursor += want
+        lo, hi = ranks.share(len(idx))
         requests = [Request(f"{tasks[i]['task_id']}#{p}.{j}", prompts[i], tasks[i]["domain"])  # a task may recur
-                    for p, i in enumerate(idx) for j in range(k)]
+                    for p, i in enumerate(idx) if lo <= p < hi for j in range(k)]
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed * 7919 + step * 131 + rounds)
         rollouts = engine.rollout(requests, sampling, limits, tools_factory)
-        owners = [tasks[i] for i in idx for _ in range(k)]
+        owners = [tasks[i] for i in idx[lo:hi] for _ in range(k)]
         with ThreadPoolExecutor(4) as pool:  # code tests run in the sandbox, math-verify is slow
             scored = list(pool.map(score, owners, rollouts))
-        rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32).view(len(idx), k)
+        facts = ranks.gather([(s[0], s[1], r.n_policy_tokens, r.n_tool_calls, r.n_turns, r.truncated)
+                              for s, r in zip(scored, rollouts, strict=True)])
+        rewards = torch.tensor([f[0] for f in facts], dtype=torch.float32).view(len(idx), k)
         adv = group_advantages(rewards)
         for g in torch.nonzero(keep_groups(rewards)).flatten().tolist():
             if n_kept < want:
-                kept.extend((rollouts[g * k + j], float(adv[g, j])) for j in range(k))
+                kept.extend((rollouts[(g - lo) * k + j] if lo <= g < hi else None, float(adv[g, j]))
+                            for j in range(k))
+                groups.append(f"{rounds}:{tasks[idx[g]]['task_id']}#{g}")
                 n_kept += 1
         n_groups += len(idx)
         rounds += 1
-        rewards_all += [s[0] for s in scored]
-        correct_all += [s[1] for s in scored]
-        seen += rollouts
+        seen += facts
     n = max(len(seen), 1)
     metrics = {
-        "reward": sum(rewards_all) / n, "accuracy": sum(correct_all) / n,
+        "reward": sum(f[0] for f in seen) / n, "accuracy": sum(f[1] for f in seen) / n,
         "groups_generated": n_groups, "groups_kept": n_kept, "groups_filtered": n_groups - n_kept,
         "gen_batches": rounds,
-        "response_tokens": sum(r.n_policy_tokens for r in seen) / n,
-        "tool_calls": sum(r.n_tool_calls for r in seen) / n, "turns": sum(r.n_turns for r in seen) / n,
-        "truncated": sum(r.truncated for r in seen) / n,
+        "response_tokens": sum(f[2] for f in seen) / n,
+        "tool_calls": sum(f[3] for f in seen) / n, "turns": sum(f[4] for f in seen) / n,
+        "truncated": sum(f[5] for f in seen) / n,
     }
-    return metrics, kept
-
-
+    return metrics, kept, groups

@@ -14,6 +14,7 @@ import torch
 
 from coa import trainkit as kit
 from coa.dapo.loss import clip_fraction, entropy, kl_k3, masked_mean, policy_loss, token_logprobs
+from coa.dapo.ranks import Ranks
 from coa.rollout.types import Rollout
 from coa.sft import Example, pack
 
@@ -23,13 +24,14 @@ def _example(rollout: Rollout) -> Example:
     return Example(ids, [0] * len(rollout.prompt_ids) + list(rollout.loss_mask), 1.0)
 
 
-def _micro_batches(examples: Sequence[Example], order: Sequence[int], n_mini: int,
+def _micro_batches(examples: Sequence[Example | None], order: Sequence[int], n_mini: int,
                    row_tokens: int) -> list[list[list[int]]]:
-    """Split ``order`` into ``n_mini`` mini-batches; each is a list of packed rows of example indices."""
+    """Split ``order`` into ``n_mini`` mini-batches; each is a list of packed rows of example indices. The
+    split is of every kept rollout; a rank packs only its own (the others' examples are None)."""
     size = math.ceil(len(order) / n_mini)
     out = []
     for at in range(0, len(order), size):
-        chunk = list(order[at : at + size])
+        chunk = [i for i in order[at : at + size] if examples[i] is not None]
         sub = [examples[i] for i in chunk]
         out.append([[chunk[j] for j in row] for row in pack(sub, row_tokens)])
     return out
@@ -45,25 +47,52 @@ def _forward(model: Any, examples: Sequence[Example], row: list[int], pad_id: in
     return logits, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
 
 
+class _Plain:
+    """The update's optimizer in one process: ``backward`` per row, ``step`` per mini-batch (clip, AdamW)."""
 
-def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout, float]], cfg: Any, pad_id: int,
-            dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
-            reuse_forward: bool | None = None) -> dict[str, float]:
+    def __init__(self, model: Any, optimizer: Any, grad_clip: float):
+        self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+
+def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout | None, float]], cfg: Any,
+            pad_id: int, dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
+            reuse_forward: bool | None = None, ranks: Ranks | None = None) -> dict[str, float]:
     """Old log-probs (and the reference's) in one no-grad pass, then one optimizer step per mini-batch.
 
     With one mini-batch and no KL term the update is the first one on these rollouts, so the old log-probs
     are the current ones: they are taken (detached) from the update's own forward and the no-grad pass is
     skipped (a third of the update's compute); the ratio is then 1 and the loss's gradient is the policy
-    gradient -A * grad log p, token-mean."""
-    examples = [_example(r) for r, _ in batch]
+    gradient -A * grad log p, token-mean.
+
+    ``batch``: every kept (rollout, advantage) of the step, in the same order on every rank; a rollout of
+    another rank's group is None. ``optimizer``: a torch optimizer (one process) or coa.dapo.ranks.ZeroStep
+    (``model`` is then the DeepSpeed engine); see coa.dapo.ranks for how the ranks share the update."""
+    ranks = ranks or Ranks.single()
+    trainer = optimizer if hasattr(optimizer, "backward") else _Plain(model, optimizer, cfg.grad_clip)
+    examples = [_example(r) if r is not None else None for r, _ in batch]
     adv = torch.tensor([a for _, a in batch], dtype=torch.float32, device=dev)
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + step)).tolist()
-    minis = _micro_batches(examples, order, cfg.mini_batches, cfg.row_tokens)
+    minis: list[list[list[int] | None]] = list(_micro_batches(examples, order, cfg.mini_batches, cfg.row_tokens))
+    # as many rows (forwards, backwards: ZeRO's collectives) on every rank; None: a zero-weighted filler
+    minis = [mini + [None] * (rows - len(mini)) for mini, rows in zip(minis, ranks.max([len(m) for m in minis]),
+                                                                      strict=True)]
+    filler = [Example([pad_id, pad_id], [0, 1], 1.0)]
     old: dict[tuple[int, int], torch.Tensor] = {}
     ref: dict[tuple[int, int], torch.Tensor] = {}
     ent_sum = gap_sum = 0.0
     n_tok = 0
-    engine_lp = {i: [lp for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m] for i, (r, _) in enumerate(batch)}
+    engine_lp = {i: [lp for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m] for i, (r, _) in enumerate(batch)
+                 if r is not None}
     on_policy = len(minis) == 1 and not (ref_model is not None and cfg.kl_coef > 0)
     if reuse_forward is not None:  # tests compare both paths
         on_policy = on_policy and reuse_forward
@@ -81,6 +110,9 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
         with torch.no_grad(), kit.autocast(dev, autocast_dtype):
             for b, mini in enumerate(minis):
                 for m, row in enumerate(mini):
+                    if row is None:
+                        _forward(model, filler, [0], pad_id, dev)
+                        continue
                     logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
                     old[b, m] = token_logprobs(logits, tgt, cfg.temperature)
                     observe(logits, tgt, old[b, m], row)
@@ -91,8 +123,13 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     loss_sum = clip_sum = kl_sum = 0.0
     grad_norms = []
     for b, mini in enumerate(minis):
-        n_mini = sum(sum(examples[i].loss_mask[1:]) for row in mini for i in row)
+        n_mini = int(ranks.sum([sum(sum(examples[i].loss_mask[1:]) for row in mini if row for i in row)])[0])
         for m, row in enumerate(mini):
+            if row is None:
+                with kit.autocast(dev, autocast_dtype):
+                    logits, _, _ = _forward(model, filler, [0], pad_id, dev)
+                trainer.backward(logits.float().sum() * 0.0)
+                continue
             with kit.autocast(dev, autocast_dtype):
                 logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
             lp = token_logprobs(logits, tgt, cfg.temperature)[None]
@@ -107,17 +144,16 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
                 kl = masked_mean(kl_k3(lp, ref[b, m][None]), mask)
                 loss = loss + cfg.kl_coef * kl * share
                 kl_sum += float(kl) * lp.numel()
-            loss.backward()
+            trainer.backward(loss)
             loss_sum += float(loss.detach()) * n_mini
             clip_sum += clip_fraction(lp.detach(), o, a, mask, cfg.clip_low, cfg.clip_high) * lp.numel()
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norms.append(trainer.step())
         kit.release_freed_memory()
+    loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok = ranks.sum([loss_sum, clip_sum, kl_sum, ent_sum, gap_sum,
+                                                                     n_tok])
     n = max(n_tok, 1)
     out = {"loss": loss_sum / n, "entropy": ent_sum / n, "clip_fraction": clip_sum / n,
-           "grad_norm": sum(grad_norms) / len(grad_norms), "policy_tokens_trained": n_tok,
+           "grad_norm": sum(grad_norms) / len(grad_norms), "policy_tokens_trained": int(n_tok),
            "rollout_logprob_gap": gap_sum / n}
     if ref_model is not None and cfg.kl_coef > 0:
         out["kl"] = kl_sum / n

@@ -201,11 +201,29 @@ class HFEngine:
 
     def sync(self, trained: Any) -> None:
         """Take the weights of ``trained`` (the same architecture, any dtype): RL trains float32 master weights
-        and rolls out a copy in the engine's dtype (bf16 where native). A no-op when it is this engine's model."""
-        if trained is not self.model:
-            with torch.no_grad():
+        and rolls out a copy in the engine's dtype (bf16 where native). A no-op when it is this engine's model.
+        ``trained`` may also be chunks of (name, tensor), as coa.zero.module_weights yields them (DeepSpeed
+        ZeRO-3's shards gathered one module at a time): each is copied as it comes; every parameter must come."""
+        if trained is self.model:
+            return
+        with torch.no_grad():
+            if isinstance(trained, torch.nn.Module):
                 for mine, theirs in zip(self.model.parameters(), trained.parameters(), strict=True):
                     mine.copy_(theirs)
+                return
+            own = dict(self.model.named_parameters())
+            skip = {f"{p}.{n}" if p else n for p, m in self.model.named_modules()
+                    for n in getattr(m, "_non_persistent_buffers_set", ())}
+            own.update((n, b) for n, b in self.model.named_buffers() if n not in skip)
+            missing = set(dict(self.model.named_parameters()))
+            for chunk in trained:
+                for name, tensor in chunk:
+                    if name not in own:
+                        raise KeyError(f"sync: {name} is not a weight of the engine's model")
+                    own[name].copy_(tensor)
+                    missing.discard(name)
+            if missing:
+                raise ValueError(f"sync: no weights came for {sorted(missing)}")
 
     def stop_set(self, extra: tuple[str, ...]) -> StopSet:
         if extra not in self._stops:

@@ -108,9 +108,19 @@ class VLLMEngine:
     def sync(self, model: Any) -> None:
         """Load ``model``'s weights (a transformers model of the same architecture, e.g. the policy an RL
         step just updated) into the engine, and drop the prefix cache computed with the old weights.
-        Tensor parallelism 1; runs the load on the engine's worker (``LLM.collective_rpc``)."""
-        weights = [(name, tensor.detach().to("cpu")) for name, tensor in model.state_dict().items()]
-        self.llm.collective_rpc(_load_weights, args=(weights,))
+        Tensor parallelism 1; runs the load on the engine's worker (``LLM.collective_rpc``).
+
+        ``model`` may also be chunks of (name, tensor), as coa.zero.module_weights yields them (DeepSpeed
+        ZeRO-3's shards gathered one module at a time): each chunk goes to the worker as it comes, so no full
+        copy is ever gathered; the model's own loader maps the names and takes any subset (vLLM's RLHF
+        pattern). That path does not redo post-load processing (the CPU build repacks weights after a
+        load): hand it a model there."""
+        if hasattr(model, "state_dict"):  # a model
+            weights = [(name, tensor.detach().to("cpu")) for name, tensor in model.state_dict().items()]
+            self.llm.collective_rpc(_load_weights, args=(weights,))
+        else:
+            for chunk in model:
+                self.llm.collective_rpc(_load_chunk, args=([(name, t.detach().to("cpu")) for name, t in chunk],))
         self.llm.reset_prefix_cache()
 
 
@@ -122,6 +132,11 @@ def _load_weights(worker: Any, weights: list[tuple[str, Any]]) -> None:
         worker.reload_weights(weights_iterator=iter(weights))
     else:
         worker.model_runner.model.load_weights(weights=iter(weights))
+
+
+def _load_chunk(worker: Any, weights: list[tuple[str, Any]]) -> None:
+    """Runs on a vLLM worker: some of the model's weights (any subset) through its own loader."""
+    worker.model_runner.model.load_weights(weights=iter(weights))
 
 
 class _Eos:
