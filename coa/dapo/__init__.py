@@ -25,6 +25,11 @@ The pieces, as in the paper:
 
 Observation tokens (what the tools wrote) carry mask 0: they are context, never trained on, exactly as
 in SFT (coa.rollout returns the mask beside the sampled token ids; nothing is re-tokenised).
+
+The modules: loss.py (the math above), update.py (mini-batches of packed rows, one optimizer step each),
+loop.py (train_dapo: dynamic sampling, the update, the engine's weights, checkpoints) and ranks.py (the same
+across the ranks of a launcher under DeepSpeed ZeRO, ``rl.deepspeed``: groups split by rank, the update
+equal to one process's).
 """
 
 from coa.dapo.loop import PLOT_KEYS, DapoResult, LogFn, Score, task_stream, train_dapo

@@ -87,7 +87,6 @@ def task_stream(n_tasks: int, seed: int, start: int, count: int) -> list[int]:
     return kit.seeded_stream(n_tasks, start, count, lambda epoch: seed * 1000003 + epoch)
 
 
-
 def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str, Any]], cfg: Any, *,
                engine: Engine, limits: Limits, tools_factory: ToolsFactory, score: Score,
                render: Callable[[dict[str, Any]], str], seed: int, ckpt_dir: str | Path | None = None, log_fn: LogFn | None = None,
@@ -99,6 +98,11 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     render(task) -> the prompt text. ``cfg`` is a coa.config.RlConfig. Checkpoints every
     ``cfg.checkpoint_every`` steps under ckpt_dir; a later call with the same inputs resumes there and
     ends equal to an uninterrupted run. log_fn(step, metrics) after each step.
+
+    With ``cfg.deepspeed.enabled`` every rank of the launch calls this (coa.dapo.ranks): ``model`` becomes
+    DeepSpeed's module, each rank's ``engine`` holds its own copy of the weights and gets them module by module
+    after every step (``engine.sync(coa.zero.module_weights(model))``); the result's model is the gathered
+    float32 model on rank 0, None on the others.
     """
     start_wall = time.perf_counter()
     if not tasks:
