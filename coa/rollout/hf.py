@@ -15,15 +15,19 @@ attention function (coa.rollout.paged.paged_attention) lets each token see its r
 the chunk's tokens up to itself. Two kinds of step:
 
 * ingest: the rows that must read a prompt or an observation, in chunks of up to ``max_chunk_tokens``
-  (torch's attention over the rows' gathered blocks); ingest steps go first;
+  (torch's attention over the rows' gathered blocks); ingest steps go first, and with the fused decoder
+  (coa.rollout.fused: no padding) the decoding rows feed their token in the same step;
 * decode: every row that has a sampled token to feed feeds it (T = 1; the C kernel of
   coa.rollout.kernel reads each row's blocks). Rows parked on a tool are not in the step at all.
 
 Prompt sharing (``share_prefix``, on by default; exact up to float rounding, like batching). The
-prompts' longest common prefix (at least ``min_shared_prefix`` tokens, stopping one token short of the
-shortest prompt, whose last token must be fed for its logits) is prefilled once, alone, before the
-batch starts; a row that joins shares its full blocks by reference (a partly filled block is copied) and
-ingests only the rest of its prompt. Requests with identical prompts (n samples of one question) are
+prompts form a tree of shared prefixes: the prompts' longest common prefix (at least ``min_shared_prefix``
+tokens, stopping one token short of the shortest prompt, whose last token must be fed for its logits), then,
+among the prompts that go on with the same next token, their own longer common prefix where it adds at least
+``min_shared_prefix`` tokens (one chat template, then each domain's system prompt), and so on. Every prefix of
+the tree is prefilled once before the batch starts (a child from its parent's blocks); a row that joins
+shares the blocks of its deepest prefix by reference (a partly filled block is copied) and ingests only the
+rest of its prompt; a prefix's blocks go back once its last row is in. Requests with identical prompts (n samples of one question) are
 admitted next to each other; the first ingests the prompt and the others fork from it: they share its
 blocks and copy its next-token logits, and draw their first token with their own generators. A member
 admitted after its leader's prompt is in forks from a snapshot of that row (its blocks held by
@@ -64,6 +68,7 @@ from typing import Any
 
 import torch
 
+from coa.rollout.fused import FusedDecoder
 from coa.rollout.loop import StopSet, Trajectory, eos_ids, request_seed, vocab_texts
 from coa.rollout.paged import PagedCache, paged_attention_impl
 from coa.rollout.types import Limits, Request, Rollout, Sampling, ToolsFactory
@@ -124,6 +129,16 @@ class _Group:
 
 
 @dataclass
+class _Prefix:
+    """A shared prompt prefix of the tree (see the module docstring): ``n`` positions in ``blocks`` (one
+    reference held until ``queued``, its rows not admitted yet, reaches 0)."""
+
+    n: int
+    blocks: list[int]
+    queued: int = 0
+
+
+@dataclass
 class _Row:
     """An active trajectory: ``feed`` holds tokens not yet in the cache; ``n`` = tokens in the cache, held
     in ``blocks``."""
@@ -144,12 +159,15 @@ class _Row:
 class Stats:
     """Counters of the last rollout call (for benchmarks, logs and the stages' metrics).
 
-    fed_tokens: tokens run through the model (the shared prefix's prefill included); shared_prefix: the
-    length of the prompts' common prefix prefilled once (0: none); prefix_tokens_reused: cached positions
-    shared by rows instead of computed (the shared prefix in every row, the whole prompt in every fork);
+    fed_tokens: tokens run through the model (the shared prefixes' prefill included); shared_prefix: the
+    tokens prefilled once for the tree of shared prefixes (0: none); prefix_tokens_reused: cached positions
+    shared by rows instead of computed (a row's prefix in the row, the whole prompt in every fork);
     forks: rows that started from an identical prompt's row. Without sharing, fed_tokens would be
     ``fed_tokens + prefix_tokens_reused - shared_prefix``. kv_peak_bytes: the most memory the cache's
-    pools held; kv_peak_positions: the most positions its blocks held at once.
+    pools held; kv_peak_positions: the most positions its blocks held at once. decode_batches: how many
+    decode steps ran with each number of rows; decode_positions: cached positions the decode steps' rows
+    attended to, summed over steps and rows (with the layers' key and value sizes, the bytes the decode
+    attention read): what a floor for these steps is computed from (bench/rollout.py).
     """
 
     steps: int = 0
@@ -162,6 +180,8 @@ class Stats:
     forks: int = 0
     kv_peak_bytes: int = 0
     kv_peak_positions: int = 0
+    decode_batches: dict[int, int] = field(default_factory=dict)
+    decode_positions: int = 0
     tool_wait_s: float = 0.0
     wall_s: float = 0.0
 
@@ -182,17 +202,21 @@ class HFEngine:
         waits there for a slower tool); about a tool's latency in steps keeps both the waits and idle rows short.
     share_prefix: prefill the prompts' common prefix once (when at least ``min_shared_prefix`` tokens) and
         identical prompts once (their other requests fork from the first); False computes every prompt.
+    fused: decode steps through coa.rollout.fused.FusedDecoder where the model supports it (False: the
+        transformers model for every step).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32, max_chunk_tokens: int = 256,
                  tool_workers: int = 8, block_size: int = BLOCK_SIZE, share_prefix: bool = True,
-                 min_shared_prefix: int = MIN_SHARED_PREFIX, tool_delay_steps: int = TOOL_DELAY_STEPS):
+                 min_shared_prefix: int = MIN_SHARED_PREFIX, tool_delay_steps: int = TOOL_DELAY_STEPS,
+                 fused: bool = True):
         if min(max_batch, max_chunk_tokens, tool_workers, tool_delay_steps, block_size) < 1:
             raise ValueError("max_batch, max_chunk_tokens, tool_workers, tool_delay_steps and block_size must be >= 1")
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_chunk_tokens, self.block_size = max_batch, max_chunk_tokens, block_size
         self.tool_workers, self.tool_delay_steps = tool_workers, tool_delay_steps
         self.share_prefix, self.min_shared_prefix = share_prefix, max(1, min_shared_prefix)
+        self.fused = fused
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         self._texts = vocab_texts(tokenizer)
@@ -249,6 +273,9 @@ class HFEngine:
         self.model.eval()
         self._cache = PagedCache(self.block_size, device=self.device)
         start = time.perf_counter()
+        self._decoder = FusedDecoder.build(self.model) if self.fused else None
+        if self._decoder is not None:
+            self._decoder.load()  # the weights as they are now (an RL step may have changed them)
         try:
             with (torch.inference_mode(), paged_attention_impl(self.model),
                   ThreadPoolExecutor(self.tool_workers, thread_name_prefix="tool") as pool):
@@ -257,7 +284,7 @@ class HFEngine:
             self.model.train(was_training)
             self.stats.kv_peak_bytes = self._cache.peak_blocks * self._cache.nbytes() // max(self._cache.capacity, 1)
             self.stats.kv_peak_positions = self._cache.peak_blocks * self.block_size
-            self._groups, self._prefix, self._cache = {}, None, None  # free the blocks
+            self._groups, self._prefix_of, self._cache, self._decoder = {}, {}, None, None  # free the blocks
         self.stats.wall_s = time.perf_counter() - start
         self.stats.policy_tokens = sum(sum(t.out.loss_mask) for t in trajs)
         return [t.result() for t in trajs]
@@ -265,10 +292,10 @@ class HFEngine:
     # -- prompt sharing ---------------------------------------------------------------------------
 
     def _plan_sharing(self, todo: list[Trajectory]) -> list[Trajectory]:
-        """Group identical prompts and prefill the common prefix; returns the admission order (shortest
-        prompt first, a group's members next to each other)."""
+        """Group identical prompts and prefill the tree of shared prefixes; returns the admission order
+        (shortest prompt first, a group's members next to each other)."""
         self._groups: dict[int, _Group] = {}
-        self._prefix: tuple[int, list[int]] | None = None
+        self._prefix_of: dict[int, _Prefix] = {}  # id(trajectory) -> its deepest shared prefix
         if not self.share_prefix or len(todo) < 2:
             return todo
         by_prompt: dict[tuple[int, ...], list[Trajectory]] = {}
@@ -282,25 +309,61 @@ class HFEngine:
         # Each row samples from its own generator, so in float32 the order changes no result (in bf16 the
         # batch's composition can move a logit by a rounding step).
         order = [t for members in sorted(by_prompt.values(), key=lambda m: len(m[0].prompt_ids)) for t in members]
-        # The common prefix, short of every prompt's last token (whose logits the row needs).
-        prompts = list(by_prompt)
-        first = prompts[0]
-        n = min(len(p) for p in prompts) - 1
-        for ids in prompts[1:]:
-            n = next((k for k in range(n) if ids[k] != first[k]), n)
-            if n < self.min_shared_prefix:
-                return order
-        if n < self.min_shared_prefix:
+        root = _Prefix(0, [])
+        owner: dict[tuple[int, ...], _Prefix] = {}  # prompt -> its deepest prefix
+        levels: list[list[tuple[_Prefix, _Prefix, list[int]]]] = []  # per depth: (node, parent, its tokens)
+        self._split(sorted(by_prompt), root, 0, owner, levels)
+        for level in levels:  # parents before children; the nodes of one depth in one forward
+            rows = []
+            for node, parent, tokens in level:
+                row = _Row(traj=None, generator=None, feed=tokens[parent.n : node.n])  # type: ignore[arg-type]
+                row.blocks, row.n = self._cache.share(parent.blocks, parent.n), parent.n
+                rows.append((node, row))
+            while any(row.feed for _, row in rows):
+                self._forward([row for _, row in rows if row.feed], ingest=True)
+            for node, row in rows:
+                node.blocks = row.blocks
+        if levels and not self._cache.k:  # a model without a KV cache has nothing to share
+            for level in levels:
+                for node, _, _ in level:
+                    self._cache.release(node.blocks)
             return order
-        prefix = _Row(traj=None, generator=None, feed=list(first[:n]))  # type: ignore[arg-type]
-        while prefix.feed:
-            self._forward([prefix], ingest=True)
-        if self._cache.k:  # (a model without a KV cache has nothing to share)
-            self._prefix = (n, prefix.blocks)
-            self.stats.shared_prefix = n
-        else:
-            self._cache.release(prefix.blocks)
+        self.stats.shared_prefix = sum(node.n - parent.n for level in levels for node, parent, _ in level)
+        for prompt, members in by_prompt.items():
+            node = owner.get(prompt)
+            if node is not None:
+                node.queued += len(members)
+                self._prefix_of.update((id(t), node) for t in members)
+        for level in levels:  # prefixes that only hold children: their children hold the blocks now
+            for node, _, _ in level:
+                if node.queued == 0:
+                    self._cache.release(node.blocks)
         return order
+
+    def _split(self, prompts: list[tuple[int, ...]], parent: _Prefix, depth: int,
+               owner: dict[tuple[int, ...], _Prefix], levels: list) -> None:
+        """Build the prefix tree under ``parent`` for ``prompts`` (sorted, distinct, all starting with the
+        parent's ``n`` tokens): their common prefix becomes a node when it is at least ``min_shared_prefix``
+        tokens longer than the parent's and shared by two prompts or more; then the prompts that go on with
+        the same next token are split in turn."""
+        first, last = prompts[0], prompts[-1]  # sorted: the common prefix of all is that of the two ends
+        n = min(min(len(p) for p in prompts) - 1, next((k for k in range(min(len(first), len(last)))
+                                                         if first[k] != last[k]), min(len(first), len(last))))
+        node = parent
+        if len(prompts) > 1 and n - parent.n >= self.min_shared_prefix:
+            node = _Prefix(n, [])
+            while len(levels) <= depth:
+                levels.append([])
+            levels[depth].append((node, parent, list(first[:n])))
+            depth += 1
+        rest: dict[int, list[tuple[int, ...]]] = {}  # by the token after the common prefix (where they differ)
+        for p in prompts:
+            owner[p] = node
+            if len(p) > n + 1:
+                rest.setdefault(p[n], []).append(p)
+        for group in rest.values():
+            if len(group) > 1:
+                self._split(group, node, depth, owner, levels)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -313,17 +376,21 @@ class HFEngine:
             self._admit(queue, rows, sampling, pool)
             self._collect_tools(rows)
             rows[:] = [r for r in rows if not r.finished]
-            if not queue and self._prefix is not None:  # no row will join: the prefix's blocks go back
-                self._cache.release(self._prefix[1])
-                self._prefix = None
             if not rows:
                 if not queue:
                     return
                 continue
             ingest = [r for r in rows if r.feed and r.ingesting]
             decode = [r for r in rows if r.feed and not r.ingesting]
-            if ingest or decode:
-                self._step(ingest or decode, bool(ingest), sampling, pool)
+            if ingest and self._decoder is not None:  # no padding: decoding rows ride along with the ingest
+                members = [r for r in rows if r.feed]
+            else:  # transformers pads a step to its longest chunk: ingest alone, then decode
+                members, decode = ingest or decode, [] if ingest else decode
+            if members:
+                if decode:  # the positions the decoding rows' attention reads: each row's cache and its new token
+                    self.stats.decode_positions += sum(r.n for r in decode) + len(decode)
+                    self.stats.decode_batches[len(decode)] = self.stats.decode_batches.get(len(decode), 0) + 1
+                self._step(members, bool(ingest), sampling, pool)
                 if ingest:
                     self.stats.ingest_steps += 1
                 else:
@@ -353,7 +420,13 @@ class HFEngine:
         whose identical prompt is being ingested waits for it; the others share the prefix's blocks and
         ingest the rest of their prompt."""
         forked: list[tuple[_Group, _Row]] = []
+        done: list[_Prefix] = []  # prefixes whose last row is in: their blocks go back after the loop
         for row in admitted:
+            node = self._prefix_of.get(id(row.traj))
+            if node is not None:
+                node.queued -= 1
+                if node.queued == 0 and node.n:
+                    done.append(node)
             group = self._groups.get(id(row.traj))
             if group is not None:
                 group.queued -= 1
@@ -366,10 +439,11 @@ class HFEngine:
                     group.waiting.append(row)
                     continue
                 group.leader = row
-            if self._prefix is not None:
-                n, blocks = self._prefix
-                row.blocks, row.n, row.feed = self._cache.share(blocks, n), n, row.feed[n:]
-                self.stats.prefix_tokens_reused += n
+            if node is not None and node.n:
+                row.blocks, row.n, row.feed = self._cache.share(node.blocks, node.n), node.n, row.feed[node.n:]
+                self.stats.prefix_tokens_reused += node.n
+        for node in done:
+            self._cache.release(node.blocks)
         if not forked:
             return
         logits = []
@@ -409,9 +483,10 @@ class HFEngine:
             else:
                 row.feed, row.ingesting = [last, *ids], True
 
-    def _forward(self, members: list[_Row], ingest: bool) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    def _forward(self, members: list[_Row], ingest: bool) -> tuple[list[int], torch.Tensor]:
         """One forward feeding each member the next chunk of its feed (ingest) or its one token (decode).
-        Returns (indices of the members whose feed is now empty, last hidden states [S, t, H], chunk lengths)."""
+        Returns (indices of the members whose feed is now empty, the hidden state at each member's last fed
+        token [S, H])."""
         chunks = []
         for row in members:
             take = row.feed[: self.max_chunk_tokens] if ingest else row.feed[:1]
@@ -419,32 +494,33 @@ class HFEngine:
             chunks.append(take)
             self._cache.reserve(row.blocks, row.n + len(take))
         lens = [len(c) for c in chunks]
-        t, s = max(lens), len(members)
-        if t == 1:
-            ids = torch.tensor(chunks, dtype=torch.long)
-            pos = torch.tensor([[row.n] for row in members], dtype=torch.long)
+        step = self._cache.step([row.blocks for row in members], [row.n for row in members], lens)
+        if self._decoder is not None:
+            hidden = self._decoder.forward(chunks, step)
         else:
+            t, s = max(lens), len(members)
             ids = torch.full((s, t), self.pad_id, dtype=torch.long)
             pos = torch.zeros((s, t), dtype=torch.long)
             for j, (row, chunk) in enumerate(zip(members, chunks, strict=True)):
                 ids[j, : len(chunk)] = torch.tensor(chunk)
                 pos[j, : len(chunk)] = torch.arange(row.n, row.n + len(chunk))
-        step = self._cache.step([row.blocks for row in members], [row.n for row in members], lens)
-        out = self.model.base_model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
-                                    past_key_values=step, use_cache=True, coa_paged=step)
+            out = self.model.base_model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
+                                        past_key_values=step, use_cache=True, coa_paged=step).last_hidden_state
+            hidden = out[torch.arange(s, device=self.device), torch.tensor(lens, device=self.device) - 1]
         for row, n in zip(members, lens, strict=True):
             row.n += n
         self.stats.fed_tokens += sum(lens)
         ready = [j for j, row in enumerate(members) if not row.feed]
-        return ready, out.last_hidden_state, torch.tensor(lens, device=self.device)
+        return ready, hidden
 
     def _step(self, members: list[_Row], ingest: bool, sampling: Sampling, pool: ThreadPoolExecutor) -> None:
         """One forward of ``members`` (ingesting rows, or decoding rows); rows whose feed is done draw a token."""
-        ready, hidden, lens = self._forward(members, ingest)
+        ready, hidden = self._forward(members, ingest)
         if not ready:
             return
         ready_t = torch.tensor(ready, dtype=torch.long, device=self.device)
-        logits = self.model.get_output_embeddings()(hidden[ready_t, lens[ready_t] - 1])
+        head = self._decoder.logits if self._decoder is not None else self.model.get_output_embeddings()
+        logits = head(hidden[ready_t])
         targets = [members[j] for j in ready]
         # A leader's prompt is in: its waiting group members fork from it, and later ones from a snapshot.
         extra, extra_logits = [], []

@@ -102,7 +102,7 @@ def test_identical_prompts_fork_after_one_prefill(web_model, tok, sampling, max_
 
 def test_forks_without_a_shared_prefix_and_closed_book_samples(answer_model, web_model, tok):
     """Forking alone (the prefix is off below min_shared_prefix), one-line closed-book answers, and a rollout
-    made only of samples of one prompt (the whole prompt but its last token is the shared prefix)."""
+    made only of samples of one prompt (its first sample ingests it, the others fork)."""
     requests = n_samples(tok, 4, 3, interleaved=False)
     p = prompt_len(tok, requests[0])
     got, shared, want, plain = run_both(web_model, tok, requests, SAMPLED, CLOSED_BOOK, tools=lambda: lambda r: None,
@@ -116,8 +116,8 @@ def test_forks_without_a_shared_prefix_and_closed_book_samples(answer_model, web
     got, shared, want, plain = run_both(answer_model, tok, one, SAMPLED, LIMITS, max_batch=2)
     assert_same(answer_model, tok, one, got, want, 1.0)
     assert_accounting(shared, plain)
-    assert (shared.shared_prefix, shared.forks) == (p - 1, 4)
-    assert shared.fed_tokens == plain.fed_tokens - 5 * p + p  # the prompt once: its prefix, then its last token
+    assert (shared.shared_prefix, shared.forks) == (0, 4)  # one distinct prompt: nothing to prefill apart
+    assert shared.fed_tokens == plain.fed_tokens - 5 * p + p  # the prompt once, by its first sample
 
 
 def test_a_prompt_that_is_the_common_prefix_keeps_its_last_token(web_model, tok, requests_of):
@@ -172,3 +172,24 @@ def test_a_model_without_a_kv_cache_forks_by_position(tok):
     rollouts = engine.rollout([Request(k, prompt, "web") for k in "abc"], GREEDY, LIMITS, lambda r: None)
     assert [(r.text, r.finish) for r in rollouts] == [(reply, "answer")] * 3
     assert (engine.stats.shared_prefix, engine.stats.forks) == (0, 2)
+
+
+def test_each_domains_system_prompt_is_a_prefix_of_its_own(web_model, tok):
+    """Prompts of two domains share the chat template's opening, and each domain's rows their system prompt:
+    the tree prefills the common part once and each domain's part once more (from the common part's blocks);
+    rows start from their domain's prefix; results unchanged."""
+    requests = [Request(f"{d}{i}", render_prompt(tok, f"Where is Orvane Labs, take {i}?", d), d)
+                for d in ("web", "math") for i in range(3)]
+    got, shared, want, plain = run_both(web_model, tok, requests, GREEDY, LIMITS, max_batch=4)
+    assert_same(web_model, tok, requests, got, want, 1.0)
+    assert_accounting(shared, plain)
+
+    def lcp(a: Request, b: Request) -> int:
+        x, y = (tok(q.prompt, add_special_tokens=False)["input_ids"] for q in (a, b))
+        return next(k for k in range(min(len(x), len(y))) if x[k] != y[k])
+
+    web, math, common = lcp(requests[0], requests[2]), lcp(requests[3], requests[5]), lcp(requests[0], requests[3])
+    assert web - common >= 16 and math - common >= 16  # each domain's system prompt
+    root = common if common >= 16 else 0
+    assert shared.shared_prefix == root + (web - root) + (math - root)
+    assert shared.prefix_tokens_reused == 3 * web + 3 * math
