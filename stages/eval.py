@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
             metrics[name]["policy_tokens_per_s"] = rate["policy_tokens_per_s"]
         pooled = [sum(r[key] for r in throughput.values()) for key in ("policy_tokens", "rollout_s")]
         metrics["policy_tokens_per_s"] = round(pooled[0] / pooled[1], 1) if pooled[1] else 0.0
+        metrics["engine"] = throughput  # per model: decode steps per batch size (bench/rollout.py --stages)
         if "sft" in throughput and "rl" in throughput:  # paired: the same tasks and samples
             metrics["rl_vs_sft"] = compare(rows, "rl", "sft", cfg.n_boot, seed)
             log.info("eval: rl - sft accuracy %+.4f [%+.4f, %+.4f] over %d tasks", metrics["rl_vs_sft"]["accuracy_diff"],

@@ -134,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
             sft_model = load_pretrained(st.args.policy)[0]
             kl = heldout_kl(result.model, sft_model, rollouts, cfg.temperature, tok.pad_token_id)
 
-        metrics = {**result.metrics(len(train), len(heldout), kl),
-                   "policy_tokens_per_s": engine.throughput()["policy_tokens_per_s"]}
+        rate = engine.throughput()  # decode steps per batch size: bench/rollout.py --stages
+        metrics = {**result.metrics(len(train), len(heldout), kl), "policy_tokens_per_s": rate["policy_tokens_per_s"],
+                   "engine": rate}
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
                  metrics["reward_first_fifth"], metrics["reward_last_fifth"], kl)
         # the content hash lets `coa promote` find the version that is the workspace's models/rl

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
         n_rejected = write_rejects(st.args.rejects, "solve_filter", rejects)
 
         metrics = summary(len(candidates), table, left_out, n_rejected, result, sample_s, cfg.k)
-        metrics["policy_tokens_per_s"] = engine.throughput()["policy_tokens_per_s"]
+        metrics["engine"] = engine.throughput()  # decode steps per batch size: bench/rollout.py --stages
+        metrics["policy_tokens_per_s"] = metrics["engine"]["policy_tokens_per_s"]
         assert table.height + left_out == len(candidates)  # every candidate is a row or a reject
         assert metrics["kept"] + n_rejected == len(candidates)
         log.info("solve_filter: %d of %d sampled RL tasks kept (%d solved k/k, %d solved 0/k); accuracy %.3f",

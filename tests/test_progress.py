@@ -24,6 +24,8 @@ def test_progress_logs_counts_outside_a_terminal(caplog, monkeypatch):
 class SlowEngine:
     class stats:  # noqa: N801
         steps = 7
+        decode_batches = {2: 3, 1: 1}
+        decode_positions = 40
 
     tokenizer = "tok"
 
@@ -43,3 +45,7 @@ def test_tracked_engine_beats_while_rolling_out(caplog, monkeypatch):
     assert any(line.startswith("hf rollouts of m: 2 trajectories running, 7 model steps") for line in lines)
     assert lines[-1].startswith("hf rollouts of m: 2 trajectories in")
     assert engine.tokenizer == "tok"
+    engine.rollout(["d"], None, None, lambda r: r)  # a second call: the decode steps add up
+    rate = engine.throughput()
+    assert rate["decode_batches"] == {"1": 2, "2": 6} and rate["decode_positions"] == 80
+    assert rate["policy_tokens"] == 4 and rate["policy_tokens_per_s"] > 0
