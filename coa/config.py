@@ -395,6 +395,9 @@ class RlConfig:
                                  "common.agent.max_total_tokens cost up to overlong_factor (0 = off).")
     overlong_factor: float = _help("The overlong punishment at the limit.")
     repeat_penalty: float = _help("Subtracted from the reward per repeated identical tool call (0 = off).")
+    format_penalty: float = _help("Subtracted from the reward of a trajectory that breaks the format (does not parse, "
+                                  "breaks the role graph, or is cut at a turn's token limit): below a well-formed "
+                                  "wrong answer (0 = both score 0).")
     dtype: Literal["auto", "float32", "bfloat16"] = _help(
         "Autocast dtype of the update (float32 master weights); auto = bfloat16 only where native.")
     engine: EngineConfig = _help("Rollout engine: hf shares the trained weights; vllm gets them after each step.")
@@ -420,6 +423,7 @@ class RlConfig:
         _require(self.temperature > 0, "temperature", "must be > 0 (a group needs different samples)")
         _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")
         _require(self.overlong_buffer >= 0, "overlong_buffer", "must be >= 0 (0 = off)")
+        _require(self.format_penalty >= 0, "format_penalty", "must be >= 0 (0 = off)")
         _require(self.heldout_tasks >= 0, "heldout_tasks", "must be >= 0")
         _require(self.trainable_layers >= 0, "trainable_layers", "must be >= 0 (0 = every parameter)")
 

@@ -11,7 +11,8 @@ of the trajectory's `<answer>` block. `f1` is reported beside exact match for we
 RL's reward is built on the same checker (DAPO, AFM):
 
     r = reward(task, rollout.text, rollout.answer, rollout.n_policy_tokens, RewardSpec(max_tokens=4096))
-    r.total      # correct x format_ok, plus the soft overlong penalty and the repeated-call penalty
+    r.total      # correct x format_ok, minus the format penalty of a broken trajectory, plus the soft overlong
+                 # penalty and the repeated-call penalty
     check("web", "the Eiffel tower", task, judge=LLMJudge(ChatClient(url, "judge-model")))
 
 At paper scale web answers are judged by an LLM behind an OpenAI-compatible endpoint (`LLMJudge`:
@@ -215,12 +216,21 @@ def repeated_tool_calls(text: str) -> int:
 class RewardSpec:
     """How a rollout is rewarded. max_tokens: the response budget the overlong penalty counts against;
     overlong_buffer (0 = off) and overlong_factor: DAPO's soft punishment; repeat_penalty: subtracted per
-    repeated identical tool call."""
+    repeated identical tool call; format_penalty: subtracted from a trajectory that does not parse or breaks
+    the role graph (a turn cut at its token limit among them), so a broken trajectory scores below a
+    well-formed wrong one (0: both score 0, and a group of them teaches nothing about format)."""
 
     max_tokens: int = 4096
     overlong_buffer: int = 0
     overlong_factor: float = 1.0
     repeat_penalty: float = 0.0
+    format_penalty: float = 0.0
+
+    @classmethod
+    def of(cls, cfg: Any, max_tokens: int) -> RewardSpec:
+        """The spec of an ``rl`` params section (coa.config.RlConfig) and the agent's context length."""
+        return cls(max_tokens=max_tokens, overlong_buffer=cfg.overlong_buffer, overlong_factor=cfg.overlong_factor,
+                   repeat_penalty=cfg.repeat_penalty, format_penalty=cfg.format_penalty)
 
 
 @dataclass(frozen=True)
@@ -234,11 +244,13 @@ class Reward:
 
 def reward(task: Mapping[str, Any], text: str, answer: str | None, n_tokens: int, spec: RewardSpec,
            judge: Judge | None = None) -> Reward:
-    """The RL reward of one trajectory: correctness x format (AFM's rule) + overlong + repeat penalties."""
+    """The RL reward of one trajectory: correctness x format (AFM's rule), minus the format penalty when the
+    format is broken, plus the overlong and repeat penalties."""
     domain = task["domain"]
     correct = check(domain, answer, task, judge)
     well_formed = format_ok(text, domain)
     overlong = overlong_penalty(n_tokens, spec.max_tokens, spec.overlong_buffer, spec.overlong_factor)
     repeats = repeated_tool_calls(text) if spec.repeat_penalty else 0
-    total = float(correct and well_formed) + overlong - spec.repeat_penalty * repeats
+    total = float(correct and well_formed) - (0.0 if well_formed else spec.format_penalty)
+    total += overlong - spec.repeat_penalty * repeats
     return Reward(correct=correct, format_ok=well_formed, overlong=overlong, repeats=repeats, total=total)

@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"rl.engine.kind={cfg.engine.kind} cannot receive the trained weights; "
                                  "use hf or vllm")
         ref = load_pretrained(st.args.policy)[0] if cfg.kl_coef > 0 else None
-        spec = RewardSpec(max_tokens=agent.max_total_tokens, overlong_buffer=cfg.overlong_buffer,
-                          overlong_factor=cfg.overlong_factor, repeat_penalty=cfg.repeat_penalty)
+        spec = RewardSpec.of(cfg, agent.max_total_tokens)
         judge = judge_from(st.params.common.judge)
 
         def score(task: dict, rollout) -> tuple[float, bool]:

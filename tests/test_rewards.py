@@ -106,6 +106,21 @@ def test_repeated_tool_calls_are_counted_and_penalised():
     assert r.repeats == 1 and r.total == pytest.approx(float(r.format_ok) - 0.25)
 
 
+def test_a_broken_trajectory_never_pays():
+    """With format_penalty a malformed trajectory scores below a well-formed wrong one, a right answer in a
+    broken trajectory included; without it both score 0."""
+    from coa.rewards import RewardSpec, reward
+
+    task, spec = {"domain": "math", **MATH}, RewardSpec(format_penalty=0.5)
+    cut_text = GOOD_MATH.removesuffix("</answer>")  # a turn cut before its closing tag
+    right = reward(task, GOOD_MATH, "\\boxed{210}", 100, spec)
+    wrong = reward(task, GOOD_MATH.replace("210}", "211}"), "\\boxed{211}", 100, spec)
+    cut = reward(task, cut_text, "\\boxed{210}", 100, spec)
+    assert (right.format_ok, wrong.format_ok, cut.format_ok, cut.correct) == (True, True, False, True)
+    assert (right.total, wrong.total, cut.total) == (1.0, 0.0, -0.5)
+    assert reward(task, cut_text, "\\boxed{210}", 100, RewardSpec()).total == 0.0
+
+
 class _Reply:
     def __init__(self, text):
         self.text = text

@@ -1,0 +1,199 @@
+"""RL sizing probe: DAPO from the SFT policy on a slice of RL tasks, scored against SFT on a validation slice.
+
+    python bench/rl.py --tag base                                   # params.yaml's rl section as shipped
+    python bench/rl.py --tag lr5e-5 --set lr=5e-5 --set steps=6 --pool 24 --filter-k 4
+    python bench/rl.py --tag top8 --set trainable_layers=8 --eval-temperature 0.6 --eval-k 2 --out /tmp/rl.jsonl
+
+The validation slice is the last ``--val`` rl-split tasks of each domain (by task_id), never the eval split
+and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
+those the difficulty stage kept). ``--filter-k K`` runs the solve filter first (K rollouts per pool task at
+the RL temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage does. RL is the rl stage's
+own loop (coa.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value``, rollouts
+from a copy in the engine's dtype, the reward of coa.rewards.reward. Then SFT (cached per policy and
+settings under .cache/bench-rl) and the RL policy are evaluated on the validation slice the way the eval
+stage does (coa.evaluate.evaluate_by_domain, ``--eval-temperature``, ``--eval-k``), and RL - SFT is paired
+by task with a bootstrap interval (coa.metrics.paired_difference). Prints one JSON row (appended to
+``--out``): the settings, seconds per part, accuracy and format_ok per domain, the paired difference.
+Needs the pipeline's outputs up to sft (``dvc repro sft``); quote the printed ``cpu`` with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import polars as pl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: int, val: int) -> tuple[list, list]:
+    """(the RL pool: the first ``pool`` rl-split tasks of each domain in ``domains``, web only those the
+    difficulty stage kept; the validation slice: the last ``val`` rl-split tasks of every domain)."""
+    rl = tasks.filter(pl.col("split") == "rl").sort("task_id")
+    train, valid = [], []
+    for domain in ("web", "math", "code"):
+        part = rl.filter(pl.col("domain") == domain)
+        held = part.tail(val)
+        valid += held.to_dicts()
+        if domain in domains:
+            rest = part.filter(~pl.col("task_id").is_in(held["task_id"].implode()))
+            if domain == "web":
+                rest = rest.filter(pl.col("task_id").is_in(list(kept_web)))
+            train += rest.head(pool).to_dicts()
+    return train, valid
+
+
+def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok) -> list[dict]:
+    from coa.config import DomainSamplingConfig
+    from coa.evaluate import evaluate_by_domain
+
+    sampling = {d: DomainSamplingConfig(temperature=temperature, top_p=1.0) for d in ("web", "math", "code")}
+    return evaluate_by_domain(engine, tasks, k, sampling, lambda d: hash((seed, d)) & 0xFFFF, limits, tools, tok)
+
+
+def summary(rows: list[dict]) -> dict:
+    out = {}
+    for domain in ("web", "math", "code", None):
+        part = [r for r in rows if domain is None or r["domain"] == domain]
+        if part:
+            name = domain or "all"
+            out[f"{name}.acc"] = round(sum(r["correct"] for r in part) / len(part), 4)
+            out[f"{name}.format_ok"] = round(sum(r["parse_ok"] for r in part) / len(part), 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policy", default="models/sft")
+    ap.add_argument("--tag", default="run")
+    ap.add_argument("--domains", default="math,web,code", help="RL pool domains")
+    ap.add_argument("--pool", type=int, default=16, help="RL pool: first N rl-split tasks per domain")
+    ap.add_argument("--val", type=int, default=20, help="validation: last N rl-split tasks per domain")
+    ap.add_argument("--filter-k", type=int, default=0, help="solve filter rollouts per pool task (0: none)")
+    ap.add_argument("--set", action="append", default=[], help="rl.KEY=VALUE override (repeatable)")
+    ap.add_argument("--eval-temperature", type=float, default=0.0)
+    ap.add_argument("--eval-k", type=int, default=1)
+    ap.add_argument("--save", default=None, help="save the RL policy here")
+    ap.add_argument("--filter-only", action="store_true", help="stop after the solve filter (fills its cache)")
+    ap.add_argument("--out", default=None, help="append the JSON row to this file")
+    args = ap.parse_args(argv)
+
+    from coa.config import derive_seed, load_params
+    from coa.dapo import train_dapo
+    from coa.device import cpu_capability, resolve_dtype
+    from coa.evaluate import evaluate
+    from coa.io import md5_path
+    from coa.metrics import paired_difference
+    from coa.model import load_pretrained, save_pretrained
+    from coa.prompts import render_prompt
+    from coa.rewards import RewardSpec, reward
+    from coa.rollout.hf import HFEngine
+    from coa.rollout.types import Sampling
+    from coa.runtime import agent_limits, tools_factory
+
+    params = load_params(ROOT / "params.yaml")
+    overrides = dict(kv.split("=", 1) for kv in args.set)
+    cfg = dataclasses.replace(params.rl, **{k: _value(v) for k, v in overrides.items()})
+    limits, tools = agent_limits(params.common.agent), tools_factory(params.common.tools, str(ROOT / "data/index"))
+    seed = derive_seed(params.common.seed, "rl")
+    tasks = pl.read_parquet(ROOT / "data/tasks.parquet")
+    diff = pl.read_parquet(ROOT / "data/difficulty.parquet")
+    kept_web = set(diff.filter(pl.col("kept"))["task_id"])
+    train, valid = slices(tasks, kept_web, args.domains.split(","), args.pool, args.val)
+    row: dict = {"tag": args.tag, "cpu": cpu_capability(), "set": overrides, "pool": args.pool,
+                 "domains": args.domains, "filter_k": args.filter_k, "eval_temperature": args.eval_temperature,
+                 "eval_k": args.eval_k}
+
+    model, tok = load_pretrained(ROOT / args.policy)
+    dtype = resolve_dtype(cfg.engine.dtype)
+    policy = copy.deepcopy(model).to(dtype) if dtype != next(model.parameters()).dtype else model
+    engine = HFEngine(policy, tok, max_batch=cfg.engine.max_batch)
+    start = time.perf_counter()
+    if args.filter_k:  # the solve filter, cached per policy and settings (every probe of a sizing study reuses it)
+        key = hashlib.sha256(json.dumps([md5_path(ROOT / args.policy), [t["task_id"] for t in train], args.filter_k,
+                                         cfg.temperature, cfg.top_p]).encode()).hexdigest()[:16]
+        cached = ROOT / ".cache/bench-rl" / f"filter-{key}.json"
+        if cached.exists():
+            solved = json.loads(cached.read_text())
+        else:
+            result = evaluate(engine, train, args.filter_k, Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+                                                                      seed=seed + 1), limits, tools)
+            solved = {}
+            for r in result.rows:
+                solved[r["task_id"]] = solved.get(r["task_id"], 0) + int(r["correct"])
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(json.dumps(solved))
+        row["filter_hist"] = {d: sorted(solved[t["task_id"]] for t in train if t["domain"] == d)
+                              for d in ("web", "math", "code")}
+        train = [t for t in train if 0 < solved[t["task_id"]] < args.filter_k]
+    row["filter_s"] = round(time.perf_counter() - start, 1)
+    row["train_tasks"] = {d: sum(t["domain"] == d for t in train) for d in ("web", "math", "code")}
+    print(json.dumps(row), flush=True)
+    if args.filter_only:
+        return 0
+
+    spec = RewardSpec.of(cfg, limits.max_total_tokens)
+
+    def score(task, rollout):
+        r = reward(task, rollout.text, rollout.answer, len(rollout.prompt_ids) + len(rollout.response_ids), spec)
+        return r.total, r.correct
+
+    start = time.perf_counter()
+    result = train_dapo(model, tok, train, cfg, engine=engine, limits=limits, tools_factory=tools, score=score,
+                        render=lambda t: render_prompt(tok, t["question"], t["domain"]), seed=seed)
+    row["rl_s"] = round(time.perf_counter() - start, 1)
+    h = result.history
+    row.update({"rollout_s": round(sum(x["rollout_s"] for x in h), 1), "update_s": round(sum(x["update_s"] for x in h), 1),
+                "reward": [round(x["reward"], 3) for x in h], "kept": [x["groups_kept"] for x in h],
+                "trained_tokens": sum(x.get("policy_tokens_trained", 0) for x in h)})
+    print(json.dumps(row), flush=True)
+    if args.save:
+        save_pretrained(result.model, tok, args.save, {})
+
+    # validation: SFT (cached) and RL, paired
+    key = hashlib.sha256(json.dumps([md5_path(ROOT / args.policy), args.val, args.eval_temperature, args.eval_k,
+                                     cpu_capability()]).encode()).hexdigest()[:16]
+    cache = ROOT / ".cache/bench-rl" / f"sft-{key}.json"
+    start = time.perf_counter()
+    if cache.exists():
+        sft_rows = json.loads(cache.read_text())
+    else:
+        base_engine = HFEngine(copy.deepcopy(load_pretrained(ROOT / args.policy)[0]).to(dtype), tok,
+                               max_batch=params.eval.engine.max_batch)
+        sft_rows = evaluate_rows(base_engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok)
+        sft_rows = [{k: r[k] for k in ("task_id", "sample", "domain", "correct", "parse_ok", "finish")} for r in sft_rows]
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(sft_rows))
+    engine.sync(result.model)
+    engine.max_batch = params.eval.engine.max_batch
+    rl_rows = evaluate_rows(engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok)
+    row["eval_s"] = round(time.perf_counter() - start, 1)
+    row["sft"], row["rl"] = summary(sft_rows), summary(rl_rows)
+    pair = paired_difference({(r["task_id"], r["sample"]): r["correct"] for r in rl_rows},
+                             {(r["task_id"], r["sample"]): r["correct"] for r in sft_rows}, 1000, 0)
+    row["rl_vs_sft"] = [pair["accuracy_diff"], pair["ci_low"], pair["ci_high"]]
+    row["rl_finish"] = {f: sum(r["finish"] == f for r in rl_rows) for f in {r["finish"] for r in rl_rows}}
+    print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
