@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from coa.configkit import _help, _require
+from coa.config.kit import _help, _require
 
 
 @dataclass(frozen=True)

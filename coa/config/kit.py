@@ -1,12 +1,12 @@
 """The machinery under coa.config: errors that name the key, field help, building a frozen dataclass
 from a mapping (unknown and missing keys, types, nested sections, the key path of every error), seeds.
 
-    from coa.configkit import build, to_dict
+    from coa.config.kit import build, to_dict
     cfg = build(SftConfig, {"lr": 1e-4, ...}, "sft")   # -> SftConfig, or ConfigError("sft.lr: ...")
 
 A section's ``__post_init__`` validates its own fields with ``_require(ok, "field", "how to fix")``;
 ``build`` puts the section's path in front of the field, so a section used in many places (an
-``engine:``) reports where it sits. coa.config declares the sections; this module knows none of them.
+``engine:``) reports where it sits. coa.config.sections declares the sections; this module knows none of them.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from coa.config_base import BaseConfig, TinyModelConfig, TokenizerConfig  # noqa: F401
-from coa.configkit import ConfigError, _help, _require, build, derive_seed, flatten, load_yaml, to_dict  # noqa: F401
+from coa.config.base import BaseConfig, TinyModelConfig, TokenizerConfig  # noqa: F401
+from coa.config.kit import ConfigError, _help, _require, build, derive_seed, flatten, load_yaml, to_dict  # noqa: F401
 from schemas.artifacts import SPLITS
 
 WORLD_KINDS = ("world:web", "world:math", "world:code")
