@@ -3,7 +3,7 @@
     python bench/learning.py                               # snapshots at 1, 2, 4 and 6 minutes of SFT and its end
     python bench/learning.py --minutes 1 3 --per-domain 30 --out /tmp/curve.json   # a quick look
 
-Trains ``models/base`` on ``data/trajectories.parquet`` with the shipped ``sft`` params (coa.train.train_sft,
+Trains ``models/base`` on ``data/trajectories.parquet`` with the shipped ``sft`` params (coa.train.sft.train_sft,
 the stage's own loop and schedule), snapshots the policy when its training time passes each mark, and
 evaluates every snapshot like the eval stage does (coa.evaluate on the eval split: the agent loop with its
 tools, ``common.agent`` limits, ``eval.sampling``, k samples per task) on the first ``--per-domain`` eval
@@ -31,7 +31,7 @@ from coa.evaluate import evaluate_by_domain, summarize
 from coa.io import first_per_domain
 from coa.model import load_pretrained, save_pretrained
 from coa.runtime import agent_limits, engine_from, tools_factory
-from coa.train import encode_trajectories, train_sft
+from coa.train.sft import encode_trajectories, train_sft
 
 
 def eval_tasks(tasks_path: str, per_domain: int) -> list[dict]:

@@ -8,7 +8,7 @@ The validation slice is the last ``--val`` rl-split tasks of each domain (by tas
 and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
 those the difficulty stage kept). ``--filter-k K`` runs the solve filter first (K rollouts per pool task at
 the RL temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage does. RL is the rl stage's
-own loop (coa.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value``, rollouts
+own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value``, rollouts
 from a copy in the engine's dtype, the reward of coa.rewards.reward. Then SFT (cached per policy and
 settings under .cache/bench-rl) and the RL policy are evaluated on the validation slice the way the eval
 stage does (coa.evaluate.evaluate_by_domain, ``--eval-temperature``, ``--eval-k``), and RL - SFT is paired
@@ -94,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from coa.config import derive_seed, load_params
-    from coa.dapo import train_dapo
     from coa.device import cpu_capability, resolve_dtype
     from coa.evaluate import evaluate
     from coa.io import md5_path
@@ -105,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from coa.rollout.hf import HFEngine
     from coa.rollout.types import Sampling
     from coa.runtime import agent_limits, tools_factory
+    from coa.train.dapo import train_dapo
 
     params = load_params(ROOT / "params.yaml")
     overrides = dict(kv.split("=", 1) for kv in args.set)

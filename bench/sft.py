@@ -3,11 +3,11 @@
     python bench/sft.py                       # models/base + data/trajectories.parquet when present
     python bench/sft.py --tokens 200000 --row-tokens 2048
 
-Every configuration trains one epoch of the same examples (so the same real tokens) with coa.train.train_sft,
+Every configuration trains one epoch of the same examples (so the same real tokens) with coa.train.sft.train_sft,
 from the same starting weights, with the sft section of params.yaml otherwise (bf16 autocast, AdamW):
 
     packed / varlen   the trainer's default: packed rows, attention per sample (no [T, T] mask)
-    packed / mask     packed rows through coa.sft's 4D block-diagonal mask and the model's sdpa
+    packed / mask     packed rows through coa.train.data's 4D block-diagonal mask and the model's sdpa
     padded / mask     the baseline: one sample per row, rows padded to the longest of the batch (random order)
     padded / varlen   the same rows with the varlen attention (padding then costs only the linear layers)
 
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from coa.config import TinyModelConfig, load_params  # noqa: E402
-from coa.train import encode_trajectories, train_sft  # noqa: E402
+from coa.train.sft import encode_trajectories, train_sft  # noqa: E402
 
 
 def load_inputs(n_tokens: int, max_len: int, seed: int) -> tuple[torch.nn.Module, object, list, str]:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from coa.prompts import render_prompt, system_prompt
-from coa.sft import encode_example
+from coa.train.data import encode_example
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 OBS_SPAN = 3

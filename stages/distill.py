@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         tok = AutoTokenizer.from_pretrained(model_folder(st.args.base, tokenizer_only=True), local_files_only=True)
         count = token_counter(tok)  # never the Hub
 
-        def length(row: dict) -> int:  # as coa.sft.encode_example holds it: prompt, trajectory, eos
+        def length(row: dict) -> int:  # as coa.train.data.encode_example holds it: prompt, trajectory, eos
             return count(render_prompt(tok, row["prompt"], row["domain"])) + count(row["trajectory"]) + 1
 
         context = st.params.common.agent.max_total_tokens

@@ -9,7 +9,7 @@ Every step rolls out `rl.prompts_per_step` x `rl.rollouts_per_prompt` trajectori
 with its tools (common.agent limits), rewards each with coa.rewards.reward (correct x format, soft overlong
 punishment, optional repeated-call penalty; web answers by exact match, or the LLM judge of common.judge),
 keeps the groups whose rewards differ (dynamic sampling, up to `max_gen_batches` rounds) and takes
-`mini_batches` clip-higher token-mean policy-gradient steps (coa.dapo). The reward curve is of every
+`mini_batches` clip-higher token-mean policy-gradient steps (coa.train.dapo). The reward curve is of every
 rollout of a step, before group filtering. Engine `hf` rolls out the trained weights themselves; `vllm`
 gets them after every step. Checkpoints every `checkpoint_every` steps under --checkpoints; a killed run
 started again resumes there. At the end the RL policy answers `heldout_tasks` eval-split tasks per
@@ -22,7 +22,7 @@ Many GPUs: set `rl.deepspeed.enabled: true` and `dist_backend: nccl` (configs/pa
     torchrun --nproc-per-node 8 -m stages.rl <the arguments above>
 
 The update runs in a DeepSpeed ZeRO engine; each rank rolls out its share of a step's groups with its own
-engine, which gets the trained weights module by module after every step (coa.dapo.ranks, coa.zero).
+engine, which gets the trained weights module by module after every step (coa.train.dapo.ranks, coa.train.zero).
 Rank 0 alone writes the outputs, logs to MLflow and measures the held-out KL.
 """
 
@@ -39,8 +39,6 @@ import polars as pl
 import torch
 
 from coa.config import derive_seed, to_dict
-from coa.dapo import heldout_kl, train_dapo
-from coa.dapo.ranks import check_launch, zero_settings
 from coa.device import compute_facts, resolve_dtype
 from coa.io import first_per_domain, md5_path, read_table, write_json
 from coa.model import load_pretrained
@@ -49,8 +47,10 @@ from coa.prompts import render_prompt
 from coa.rewards import RewardSpec, reward
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
-from coa.trainkit import save_trained
-from coa.zero import zero3_loading
+from coa.train.dapo import heldout_kl, train_dapo
+from coa.train.dapo.ranks import check_launch, zero_settings
+from coa.train.kit import save_trained
+from coa.train.zero import zero3_loading
 from schemas import Task, TaskStats
 from stages._stage import Stage
 

@@ -5,8 +5,8 @@
         --checkpoints .cache/sft --out models/sft --metrics metrics/sft.json --plots plots/sft_loss.json
 
 Each trajectory is trained as render_prompt(question, domain) + trajectory + eos; the loss falls on the
-policy's own tokens only (coa.sft), weighted by the trajectory's weight. The training loop is
-coa.train.train_sft; every `sft.checkpoint_every` steps it writes a resumable checkpoint under
+policy's own tokens only (coa.train.data), weighted by the trajectory's weight. The training loop is
+coa.train.sft.train_sft; every `sft.checkpoint_every` steps it writes a resumable checkpoint under
 `--checkpoints`, so a killed run started again continues where it stopped (and ends bitwise equal);
 the folder is removed once the model is written. Step metrics (loss, lr, grad norm, tokens/s) go to
 MLflow and the loss curve to `--plots`; `heldout.*` metrics are coa.diagnostics.teacher_forced on
@@ -35,9 +35,9 @@ from coa.device import compute_facts, default_device, resolve_dtype
 from coa.diagnostics import teacher_forced
 from coa.io import read_table, write_json
 from coa.model import load_pretrained
-from coa.train import encode_trajectories, train_sft, zero_settings
-from coa.trainkit import save_trained
-from coa.zero import zero3_loading
+from coa.train.kit import save_trained
+from coa.train.sft import encode_trajectories, train_sft, zero_settings
+from coa.train.zero import zero3_loading
 from schemas import Trajectory
 from stages._stage import Stage
 

@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from coa.config import DeepSpeedConfig, load_params  # noqa: E402
-from coa.dapo import train_dapo  # noqa: E402
 from coa.prompts import render_prompt  # noqa: E402
 from coa.rollout.hf import HFEngine  # noqa: E402
 from coa.rollout.types import Limits  # noqa: E402
+from coa.train.dapo import train_dapo  # noqa: E402
 from tests.rollout.conftest import Recorder  # noqa: E402
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2  # noqa: E402
 
@@ -91,16 +91,16 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     cfg = rl_cfg(spec)
     if spec.get("partition_all"):  # ZeRO-3 keeps parameters under 1e5 elements whole (all of this tiny model's)
-        import coa.zero
+        import coa.train.zero
 
-        build = coa.zero.deepspeed_config
+        build = coa.train.zero.deepspeed_config
 
         def partition_all(*args, **kwargs):
             config = build(*args, **kwargs)
             config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
             return config
 
-        coa.zero.deepspeed_config = partition_all
+        coa.train.zero.deepspeed_config = partition_all
     tok = make_tokenizer()
     model = scripted_qwen2(tok, WEB_SCRIPT)
     if cfg.deepspeed.enabled:  # DeepSpeed's module trains; the engine rolls out its own copy

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from coa.config import load_params
-from coa.dapo import (
+from coa.prompts import render_prompt
+from coa.rollout.hf import HFEngine
+from coa.rollout.types import Limits
+from coa.train.dapo import (
     clip_fraction,
     group_advantages,
     heldout_kl,
@@ -19,9 +22,6 @@ from coa.dapo import (
     task_stream,
     train_dapo,
 )
-from coa.prompts import render_prompt
-from coa.rollout.hf import HFEngine
-from coa.rollout.types import Limits
 from tests.rollout.conftest import Recorder
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2
 
@@ -171,9 +171,9 @@ def test_one_mini_batch_reuses_the_updates_forward_for_the_old_logprobs(tok):
     """With one mini-batch the old log-probs are the current ones: taken from the update's own forward (no
     no-grad pass), the step moves the weights exactly as the two-pass update does, with the same metrics.
     Also: trainable_layers freezes all but the top layers (and the embeddings)."""
-    from coa.dapo import _update
     from coa.rollout.types import Request, Sampling
-    from coa.trainkit import build_optimizer, set_trainable
+    from coa.train.dapo import _update
+    from coa.train.kit import build_optimizer, set_trainable
 
     model = scripted_qwen2(tok, WEB_SCRIPT)
     requests = [Request(f"q{i}", render_prompt(tok, t["question"], "web"), "web") for i, t in enumerate(TASKS)]

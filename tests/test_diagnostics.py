@@ -7,7 +7,7 @@ import torch
 from coa.diagnostics import teacher_forced, token_kinds
 from coa.model import train_tokenizer
 from coa.prompts import render_prompt
-from coa.sft import encode_example
+from coa.train.data import encode_example
 
 TRAJ = ("<plan>Compute it.</plan>\n<think>Square 4821.</think>\n<code>```python\nprint(4821 ** 2)\n```</code>\n"
         "<observation>23242041</observation>\n<think>It printed 23242041.</think>\n<answer>\\boxed{23242041}</answer>")

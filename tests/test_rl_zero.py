@@ -1,4 +1,4 @@
-"""RL under DeepSpeed ZeRO on gloo (coa.dapo.ranks, coa.zero.module_weights): two ranks take the update one
+"""RL under DeepSpeed ZeRO on gloo (coa.train.dapo.ranks, coa.train.zero.module_weights): two ranks take the update one
 process takes on the same groups (ZeRO-2, ZeRO-3), the ZeRO-3 sync hands the rollout engine every weight one
 module at a time, a run killed after step 1 of 3 resumes to the same end, and the one-line errors.
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from coa import trainkit as kit
-from coa.dapo.ranks import Ranks, check_checkpoint, check_launch
-from coa.zero import module_weights, zero3_loading
+from coa.train import kit
+from coa.train.dapo.ranks import Ranks, check_checkpoint, check_launch
+from coa.train.zero import module_weights, zero3_loading
 from tests import rl_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,9 +123,9 @@ def test_zero3_run_killed_after_step_1_of_3_resumes_to_the_same_end(tmp_path):
 
 
 def one_process_run(ckpt: Path, steps: int) -> None:
-    from coa.dapo import train_dapo
     from coa.prompts import render_prompt
     from coa.rollout.hf import HFEngine
+    from coa.train.dapo import train_dapo
     from tests.rollout.conftest import Recorder
 
     tok = rl_ranks.make_tokenizer()

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from coa import sft
 from coa.model import train_tokenizer
+from coa.train import data as sft
 
 TEXTS = [
     "The capital of France is Paris, a city on the Seine.",
@@ -232,7 +232,7 @@ def test_mask_drafts_makes_a_rejected_program_context_and_keeps_its_fix_a_target
     """A self-corrected trajectory: the failing first draft (its reflection grades tool effectiveness poor) is
     masked with mask_drafts, the fix and everything else the policy wrote stay targets."""
     from coa.format import draft_spans
-    from coa.sft import encode_example
+    from coa.train.data import encode_example
 
     draft, fix = "print(1/0)", "print(1)"
     response = (f"<plan>p</plan>\n<think>t</think>\n<code>```python\n{draft}\n```</code>\n"

@@ -1,4 +1,4 @@
-"""SFT training loop (coa.train): loss, masking, weights, schedule, data order, exact resume.
+"""SFT training loop (coa.train.sft): loss, masking, weights, schedule, data order, exact resume.
 
 DeepSpeed runs of the same loop are in tests/test_zero.py; the tiny model and data in tests/tiny_sft.py.
 """
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from coa import sft
-from coa import train as T
-from coa import trainkit as K
+from coa.train import data as sft
+from coa.train import kit as K
+from coa.train import sft as T
 from tests.tiny_sft import RESPONSES, cfg, make_tokenizer, records, tiny_model
 
 

@@ -6,8 +6,15 @@ import random
 
 import torch
 
-from coa.sft import Example
-from coa.trainkit import build_optimizer, collate_rows, rng_state, seeded_stream, set_rng_state, target_logits
+from coa.train.data import Example
+from coa.train.kit import (
+    build_optimizer,
+    collate_rows,
+    rng_state,
+    seeded_stream,
+    set_rng_state,
+    target_logits,
+)
 
 
 def test_seeded_stream_is_a_pure_function_of_position():
@@ -54,7 +61,7 @@ def test_release_freed_memory_returns_the_heap_to_the_os():
     import ctypes.util
     import os
 
-    from coa.trainkit import release_freed_memory
+    from coa.train.kit import release_freed_memory
 
     if not ctypes.util.find_library("c") or not os.path.exists("/proc/self/statm"):
         release_freed_memory()  # a no-op where there is no glibc

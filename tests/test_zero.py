@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO for the SFT loop (coa.zero): CPU runs on gloo (learning, ZeRO-3 == torch, exact resume,
+"""DeepSpeed ZeRO for the SFT loop (coa.train.zero): CPU runs on gloo (learning, ZeRO-3 == torch, exact resume,
 two ranks == one), the DeepSpeed config from params for SFT and RL, the paper preset (RL: tests/test_rl_zero.py)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from coa import zero as Z
 from coa.config import DeepSpeedConfig, load_params
-from coa.dapo.ranks import zero_settings as rl_zero_settings
-from coa.train import zero_settings
+from coa.train import zero as Z
+from coa.train.dapo.ranks import zero_settings as rl_zero_settings
+from coa.train.sft import zero_settings
 from tests.tiny_sft import cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +27,8 @@ DS_SCRIPT = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})
 from tiny_sft import cfg, make_tokenizer, records, tiny_model
-from coa import train as T
-from coa import zero as Z
+from coa.train import sft as T
+from coa.train import zero as Z
 from coa.config import DeepSpeedConfig
 tok = make_tokenizer()
 examples, _ = T.encode_trajectories(tok, records(12), max_len=256)

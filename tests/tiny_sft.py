@@ -1,7 +1,7 @@
 """A tiny SFT setup shared by the training tests and their DeepSpeed subprocesses.
 
     tok = make_tokenizer(); model = tiny_model(tok, seed=0)
-    examples, _ = coa.train.encode_trajectories(tok, records(12), max_len=256); c = cfg(lr=1e-2)
+    examples, _ = coa.train.sft.encode_trajectories(tok, records(12), max_len=256); c = cfg(lr=1e-2)
 
 Four chain-of-agents trajectories (web and math, with observations) over a tokenizer trained on them, a
 two-layer Qwen2 of hidden size 32, and an `SftConfig` with DeepSpeed off unless a test turns it on.

@@ -13,7 +13,7 @@ from coa.format import parse
 from coa.prompts import render_prompt
 from coa.rollout import Limits, Request, Sampling
 from coa.rollout.hf import HFEngine, sample
-from coa.sft import encode_example
+from coa.train.data import encode_example
 from tests.rollout.conftest import HAS_VLLM
 from tests.rollout.contract import *  # noqa: F403
 from tests.rollout.contract import GREEDY, LIMITS, Recorder, check_invariants, teacher_forced
@@ -96,7 +96,7 @@ def test_bfloat16_runs(web_model, tok, requests_of):
 @pytest.mark.parametrize("name", ["web", "math"])
 def test_rollout_token_layout_equals_the_sft_encoding(tok, name):
     """A policy that writes a teacher trajectory, fed the trajectory's observations by the tools, yields the
-    token ids and loss mask coa.sft.encode_example gives (minus the final eos): the join newlines around each
+    token ids and loss mask coa.train.data.encode_example gives (minus the final eos): the join newlines around each
     observation are the runtime's in both (mask 0)."""
     trajectory = (FIXTURES / f"{name}.trajectory.txt").read_text()
     domain = "web" if name == "web" else "math"

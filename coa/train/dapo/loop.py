@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from coa import trainkit as kit
-from coa.dapo.loss import group_advantages, keep_groups
-from coa.dapo.ranks import Ranks, ZeroStep, check_checkpoint, check_launch, zero_trainer
-from coa.dapo.update import _update
 from coa.device import resolve_dtype
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
-from coa.zero import deepspeed_full_model, module_weights
+from coa.train import kit
+from coa.train.dapo.loss import group_advantages, keep_groups
+from coa.train.dapo.ranks import Ranks, ZeroStep, check_checkpoint, check_launch, zero_trainer
+from coa.train.dapo.update import _update
+from coa.train.zero import deepspeed_full_model, module_weights
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +99,9 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     ``cfg.checkpoint_every`` steps under ckpt_dir; a later call with the same inputs resumes there and
     ends equal to an uninterrupted run. log_fn(step, metrics) after each step.
 
-    With ``cfg.deepspeed.enabled`` every rank of the launch calls this (coa.dapo.ranks): ``model`` becomes
+    With ``cfg.deepspeed.enabled`` every rank of the launch calls this (coa.train.dapo.ranks): ``model`` becomes
     DeepSpeed's module, each rank's ``engine`` holds its own copy of the weights and gets them module by module
-    after every step (``engine.sync(coa.zero.module_weights(model))``); the result's model is the gathered
+    after every step (``engine.sync(coa.train.zero.module_weights(model))``); the result's model is the gathered
     float32 model on rank 0, None on the others.
     """
     start_wall = time.perf_counter()
@@ -228,7 +228,7 @@ def _generate(engine: Engine, tasks: Sequence[dict[str, Any]], prompts: Sequence
     ``cfg.max_gen_batches`` rounds). Returns the step's rollout metrics (over every rollout generated,
     before filtering), the kept (rollout, advantage) pairs and the kept groups ("round:task_id#position").
     Each rank rolls out its share of a round's groups; the kept pairs are every rank's, in group order, the
-    rollout None where another rank holds it (coa.dapo.ranks)."""
+    rollout None where another rank holds it (coa.train.dapo.ranks)."""
     from concurrent.futures import ThreadPoolExecutor
 
     k, want = cfg.rollouts_per_prompt, cfg.prompts_per_step

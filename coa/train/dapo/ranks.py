@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from coa import trainkit as kit
-from coa.zero import deepspeed_init, require_deepspeed
+from coa.train import kit
+from coa.train.zero import deepspeed_init, require_deepspeed
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class ZeroStep:
 
 
 def zero_settings(cfg: Any) -> dict[str, Any]:
-    """What coa.zero builds RL's DeepSpeed config from: one row per forward, an optimizer step whenever the
+    """What coa.train.zero builds RL's DeepSpeed config from: one row per forward, an optimizer step whenever the
     loop calls it (a mini-batch's rows vary in number), the update's dtype and clipping."""
     return {"dtype": cfg.dtype, "grad_clip": cfg.grad_clip, "caller_steps": True}
 

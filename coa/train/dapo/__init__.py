@@ -1,11 +1,11 @@
 """DAPO (arXiv 2503.14476) for multi-turn tool rollouts: the pure math, the update, the training loop.
 
-    from coa.dapo import group_advantages, policy_loss, keep_groups, overlong_penalty
+    from coa.train.dapo import group_advantages, policy_loss, keep_groups, overlong_penalty
     adv = group_advantages(rewards.view(n_groups, k)).view(-1)          # [B]
     loss = policy_loss(logprobs, old_logprobs, adv, mask, clip_low=0.2, clip_high=0.28)
     loss.backward()
 
-    from coa.dapo import train_dapo
+    from coa.train.dapo import train_dapo
     result = train_dapo(model, tokenizer, tasks, cfg, engine=HFEngine(model, tok), tools_factory=...,
                         score=lambda task, rollout: reward(...), seed=7, ckpt_dir=".cache/rl")
 
@@ -32,8 +32,8 @@ across the ranks of a launcher under DeepSpeed ZeRO, ``rl.deepspeed``: groups sp
 equal to one process's).
 """
 
-from coa.dapo.loop import PLOT_KEYS, DapoResult, LogFn, Score, task_stream, train_dapo
-from coa.dapo.loss import (
+from coa.train.dapo.loop import PLOT_KEYS, DapoResult, LogFn, Score, task_stream, train_dapo
+from coa.train.dapo.loss import (
     clip_fraction,
     entropy,
     group_advantages,
@@ -43,7 +43,7 @@ from coa.dapo.loss import (
     policy_loss,
     token_logprobs,
 )
-from coa.dapo.update import _update, heldout_kl, policy_logprobs
+from coa.train.dapo.update import _update, heldout_kl, policy_logprobs
 
 __all__ = ["PLOT_KEYS", "DapoResult", "LogFn", "Score", "_update", "clip_fraction", "entropy", "group_advantages",
            "heldout_kl", "keep_groups", "kl_k3", "masked_mean", "policy_logprobs", "policy_loss", "task_stream",

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from coa import trainkit as kit
-from coa.dapo.loss import clip_fraction, entropy, kl_k3, masked_mean, policy_loss, token_logprobs
-from coa.dapo.ranks import Ranks
 from coa.rollout.types import Rollout
-from coa.sft import Example, pack
+from coa.train import kit
+from coa.train.dapo.loss import clip_fraction, entropy, kl_k3, masked_mean, policy_loss, token_logprobs
+from coa.train.dapo.ranks import Ranks
+from coa.train.data import Example, pack
 
 
 def _example(rollout: Rollout) -> Example:
@@ -75,8 +75,8 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     gradient -A * grad log p, token-mean.
 
     ``batch``: every kept (rollout, advantage) of the step, in the same order on every rank; a rollout of
-    another rank's group is None. ``optimizer``: a torch optimizer (one process) or coa.dapo.ranks.ZeroStep
-    (``model`` is then the DeepSpeed engine); see coa.dapo.ranks for how the ranks share the update."""
+    another rank's group is None. ``optimizer``: a torch optimizer (one process) or coa.train.dapo.ranks.ZeroStep
+    (``model`` is then the DeepSpeed engine); see coa.train.dapo.ranks for how the ranks share the update."""
     ranks = ranks or Ranks.single()
     trainer = optimizer if hasattr(optimizer, "backward") else _Plain(model, optimizer, cfg.grad_clip)
     examples = [_example(r) if r is not None else None for r, _ in batch]

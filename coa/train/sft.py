@@ -1,12 +1,12 @@
 """The SFT training loop: packed rows, observation-masked weighted loss, AdamW + warm-up/cosine, exact resume.
 
-    from coa.train import encode_trajectories, train_sft
+    from coa.train.sft import encode_trajectories, train_sft
     examples, truncated = encode_trajectories(tok, records, max_len=cfg.max_len)
     result = train_sft(model, examples, cfg, seed=derive_seed(seed, "sft"), pad_id=tok.pad_token_id,
                        ckpt_dir=".cache/sft", log_fn=lambda step, m: print(step, m["loss"]))
     result.model                 # the trained float32 model (None on DeepSpeed ranks > 0)
 
-Data order. The unit is a *row*: packed rows from ``coa.sft.pack`` (``cfg.pack``) or one sample per row.
+Data order. The unit is a *row*: packed rows from ``coa.train.data.pack`` (``cfg.pack``) or one sample per row.
 Each epoch is a seeded permutation of the rows (``derive_seed(seed, "sft", "epoch", e)``); epochs are
 chained into one stream and optimizer step s takes rows [s*R, (s+1)*R) of it, R = rows_per_step *
 gradient_accumulation * world size. The order is a pure function of (seed, step), so a checkpoint need
@@ -14,7 +14,7 @@ only store the step. Total steps = ceil(epochs * rows / R) (fractional epochs al
 
 Loss. sum(w * ce) / sum(w) over every target token of the *optimizer step* (not of each micro-batch):
 the step's total weight is known from the examples before any forward, so gradient accumulation and
-data parallelism give the same gradient as one big batch. Targets are the policy's tokens (coa.sft:
+data parallelism give the same gradient as one big batch. Targets are the policy's tokens (coa.train.data:
 prompt, observations and padding never are); logits are computed only where a target follows
 (``logits_to_keep``), which matters with 150k-token vocabularies.
 
@@ -22,7 +22,7 @@ Attention. ``attention="varlen"`` (default) registers the attention function ``c
 transformers: each sample of a packed row attends causally to itself through its own
 ``scaled_dot_product_attention(is_causal=True)`` call, so no [T, T] mask is built and the cost is
 sum(L_i^2) instead of T^2; rows are collated without the 4D mask. ``attention="mask"`` is the
-reference path: coa.sft's additive block-diagonal 4D mask through the model's own sdpa.
+reference path: coa.train.data's additive block-diagonal 4D mask through the model's own sdpa.
 Both give the same loss (tests/test_train.py).
 
 Precision. Float32 master weights; ``dtype: bfloat16`` autocasts the forward (CPU or CUDA).
@@ -58,13 +58,13 @@ from tqdm import tqdm
 
 from coa.config import SftConfig, derive_seed, to_dict
 from coa.device import cpu_capability, default_device, resolve_dtype
-from coa.sft import Batch, Example, collate_packed, collate_padded, encode_example, pack
-from coa.trainkit import (
+from coa.train.data import Batch, Example, collate_packed, collate_padded, encode_example, pack
+from coa.train.kit import (
     Attention,
     attention_impl,
     autocast,
     build_optimizer,
-    checkpoints,  # noqa: F401 - coa.train.checkpoints, as before it moved to the kit
+    checkpoints,  # noqa: F401 - coa.train.sft.checkpoints, as before it moved to the kit
     collate_rows,
     json_number,
     load_checkpoint,
@@ -75,7 +75,7 @@ from coa.trainkit import (
     target_logits,
     varlen_inputs,
 )
-from coa.zero import deepspeed_full_model, deepspeed_init, require_deepspeed
+from coa.train.zero import deepspeed_full_model, deepspeed_init, require_deepspeed
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def encode_trajectories(tokenizer: Any, records: Sequence[dict[str, Any]],
                         max_len: int, mask_drafts: bool = False) -> tuple[list[Example], int]:
     """Trajectory rows (prompt, domain, trajectory, weight) -> (Examples of <= max_len tokens, number cut).
 
-    The input text is ``render_prompt(tokenizer, prompt, domain)`` + the trajectory (coa.sft.encode_example;
+    The input text is ``render_prompt(tokenizer, prompt, domain)`` + the trajectory (coa.train.data.encode_example;
     ``mask_drafts``: rejected code drafts are context, not targets).
     """
     from coa.prompts import render_prompt
@@ -164,8 +164,8 @@ def batch_loss(model: Any, batch: Batch, attention: Attention,
                mask_dtype: torch.dtype) -> tuple[torch.Tensor, int]:
     """(sum over target tokens of weight * cross entropy, number of target tokens) of one micro-batch.
 
-    Divided by the summed weights this is coa.sft.token_loss; logits exist only at positions followed by
-    a target: [N, V], N = target tokens (coa.trainkit.target_logits).
+    Divided by the summed weights this is coa.train.data.token_loss; logits exist only at positions followed by
+    a target: [N, V], N = target tokens (coa.train.kit.target_logits).
     """
     inputs = varlen_inputs(batch) if attention == "varlen" else batch.model_inputs(mask_dtype)
     logits, target = target_logits(model, batch, inputs)  # [N, V]
@@ -402,7 +402,7 @@ def train_sft(
 
 
 def zero_settings(cfg: SftConfig) -> dict[str, Any]:
-    """What coa.zero builds SFT's DeepSpeed config from: rows per micro-batch, micro-batches per step, the
+    """What coa.train.zero builds SFT's DeepSpeed config from: rows per micro-batch, micro-batches per step, the
     dtype and clipping."""
     return {"dtype": cfg.dtype, "grad_clip": cfg.grad_clip, "micro_batch": cfg.rows_per_step,
             "accumulation": cfg.gradient_accumulation}
@@ -410,7 +410,7 @@ def zero_settings(cfg: SftConfig) -> dict[str, Any]:
 
 def _save(ckpt: Path, state: _State, fp: str, model: torch.nn.Module, optimizer: Any, scheduler: Any,
           engine: Any, rank: int, keep: int) -> None:
-    """ckpt/step-N (coa.trainkit.save_checkpoint) with the step, fingerprint, scheduler and history."""
+    """ckpt/step-N (coa.train.kit.save_checkpoint) with the step, fingerprint, scheduler and history."""
     meta = {"step": state.step, "fingerprint": fp, "scheduler": scheduler.state_dict(), "history": state.history}
     save_checkpoint(ckpt, meta, model=model, optimizer=optimizer, engine=engine, rank=rank, keep=keep)
 

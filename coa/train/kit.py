@@ -1,6 +1,6 @@
-"""The training kit shared by SFT (coa.train) and RL (coa.dapo): one definition of each piece.
+"""The training kit shared by SFT (coa.train.sft) and RL (coa.train.dapo): one definition of each piece.
 
-    from coa.trainkit import (attention_impl, autocast, build_optimizer, collate_rows, rng_state,
+    from coa.train.kit import (attention_impl, autocast, build_optimizer, collate_rows, rng_state,
                               seeded_stream, set_rng_state, target_logits, varlen_inputs)
     optimizer = build_optimizer(model, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
     order = seeded_stream(n_rows, start=0, count=8, epoch_seed=lambda e: 1000 + e)
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from coa.sft import IGNORE_INDEX, Batch, Example, collate_packed
+from coa.train.data import IGNORE_INDEX, Batch, Example, collate_packed
 
 VARLEN = "coa_varlen"
 Attention = Literal["varlen", "mask"]
@@ -137,7 +137,7 @@ def autocast(dev: torch.device, dtype: torch.dtype | None) -> Any:
 
 def collate_rows(examples: Sequence[Example], rows: Sequence[Sequence[int]], width: int,
                  pad_id: int) -> Batch:
-    """coa.sft.collate_packed without the [B, 1, T, T] mask (attention_mask is an empty tensor), for the
+    """coa.train.data.collate_packed without the [B, 1, T, T] mask (attention_mask is an empty tensor), for the
     varlen attention, which takes sample boundaries from segment_ids."""
     return collate_packed(examples, rows, width, pad_id, mask=False)
 

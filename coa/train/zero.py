@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO for the SFT loop (coa.train) and the RL update (coa.dapo): config from params, sharded
+"""DeepSpeed ZeRO for the SFT loop (coa.train.sft) and the RL update (coa.train.dapo): config from params, sharded
 loading, engine, gathered model, the weights handed to a rollout engine module by module.
 
     hold = zero3_loading(cfg.deepspeed, "sft", **settings)   # before from_pretrained: ZeRO-3 ranks load their shard
@@ -7,8 +7,8 @@ loading, engine, gathered model, the weights handed to a rollout engine module b
     model = deepspeed_full_model(engine, rank)   # the float32 weights on rank 0 (every rank calls)
     rollout_engine.sync(module_weights(engine.module))   # every rank calls: ZeRO-3 gathers one module at a time
 
-``settings`` are the stage's pieces of the config (``deepspeed_config``'s keywords): coa.train.zero_settings
-(rows per micro-batch, micro-batches per step) and coa.dapo.ranks.zero_settings (one row per forward, an
+``settings`` are the stage's pieces of the config (``deepspeed_config``'s keywords): coa.train.sft.zero_settings
+(rows per micro-batch, micro-batches per step) and coa.train.dapo.ranks.zero_settings (one row per forward, an
 optimizer step whenever the loop calls it). Runs on CPU with gloo in one process: the env vars of a
 launcher are filled in when absent.
 """

@@ -1,6 +1,6 @@
 """The data side of SFT: tokenisation with loss masks, sample packing, collation and the token loss.
 
-    from coa.sft import encode_example, pack, collate_packed, token_loss
+    from coa.train.data import encode_example, pack, collate_packed, token_loss
     examples = [encode_example(tok, prompt, response, weight=w, max_len=2048) for prompt, response, w in rows]
     for row_group in batched(pack(examples, max_tokens=2048), 4):
         batch = collate_packed(examples, list(row_group), max_tokens=2048, pad_id=tok.pad_token_id)
@@ -220,7 +220,7 @@ def collate_packed(
 
     Every row is right-padded to ``max_tokens`` (static shapes); samples sit in the order ``rows`` gives.
     ``mask=False`` leaves attention_mask an empty tensor: for attention that takes the sample boundaries
-    from segment_ids (coa.train's varlen attention); at 32k-token rows the float mask alone is 4 GiB per row.
+    from segment_ids (coa.train.sft's varlen attention); at 32k-token rows the float mask alone is 4 GiB per row.
     """
     return _collate(examples, rows, max_tokens, pad_id, mask)
 
