@@ -71,71 +71,16 @@ import torch
 from coa.rollout.fused import FusedDecoder
 from coa.rollout.loop import StopSet, Trajectory, eos_ids, request_seed, vocab_texts
 from coa.rollout.paged import PagedCache, paged_attention_impl
+from coa.rollout.sampling import sample
+from coa.rollout.sharing import Group, Prefix, plan_sharing
 from coa.rollout.types import Limits, Request, Rollout, Sampling, ToolsFactory
 
-# --------------------------------------------------------------------------- sampling
-
-
-def sample(logits: torch.Tensor, sampling: Sampling,
-           generators: Sequence[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row. logits: [N, V] (any float dtype); generators: N, one per row.
-
-    Returns (tokens [N] long, logprobs [N] float32), the log-probs being ``log_softmax(logits / t)`` of
-    the drawn tokens over the whole vocabulary (greedy: t = 1). top-k / top-p only restrict the draw.
-    """
-    logits = logits.float()
-    if sampling.greedy:
-        logprobs = torch.log_softmax(logits, dim=-1)
-        tokens = logits.argmax(dim=-1)
-        return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
-    logprobs = torch.log_softmax(logits / sampling.temperature, dim=-1)
-    probs = logprobs.exp()
-    if 0 < sampling.top_k < probs.shape[-1]:
-        kth = probs.topk(sampling.top_k, dim=-1).values[:, -1:]
-        probs = probs.masked_fill(probs < kth, 0.0)
-    if sampling.top_p < 1.0:  # the smallest set of top tokens whose mass reaches top_p
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        above = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
-        keep_sorted = above < sampling.top_p * sorted_probs.sum(dim=-1, keepdim=True)
-        probs = probs * torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
-    # Inverse CDF: one uniform per row from the row's own generator (torch.multinomial would draw V
-    # exponentials per row: most of a closed-book sampler's time at V = 49k). The first token whose
-    # cumulative mass exceeds u * total; a token of zero mass never is that one.
-    u = torch.stack([torch.rand((), generator=g, device=g.device) for g in generators]).to(torch.float64)
-    cdf = probs.to(torch.float64).cumsum(dim=-1)
-    tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
-    return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
-
+__all__ = ["HFEngine", "Stats", "sample"]
 
 # --------------------------------------------------------------------------- the engine
 
-MIN_SHARED_PREFIX = 16  # shorter common prompt prefixes are ingested by every row (not worth a prefill)
 TOOL_DELAY_STEPS = 2  # steps from a tool call to its observation: a local search returns within them
 BLOCK_SIZE = 16  # positions per KV block: a row wastes at most 15 positions, a block table stays short
-
-
-@dataclass
-class _Group:
-    """Requests with the same prompt (n samples of one question): the first admitted member, the leader,
-    ingests it; the others fork from it (its blocks by reference and a copy of its next-token logits; each
-    then draws with its own generator). Members admitted after the leader's prompt is in fork from
-    ``snapshot`` (the leader's blocks then, held by reference; its next-token logits; its token count),
-    kept until none is queued."""
-
-    queued: int  # members not admitted yet
-    leader: _Row | None = None  # the member ingesting the prompt
-    waiting: list[_Row] = field(default_factory=list)  # admitted members waiting for the leader's prompt
-    snapshot: tuple[list[int], torch.Tensor, int] | None = None
-
-
-@dataclass
-class _Prefix:
-    """A shared prompt prefix of the tree (see the module docstring): ``n`` positions in ``blocks`` (one
-    reference held until ``queued``, its rows not admitted yet, reaches 0)."""
-
-    n: int
-    blocks: list[int]
-    queued: int = 0
 
 
 @dataclass
@@ -151,7 +96,7 @@ class _Row:
     ingesting: bool = True  # feed is a prompt or an observation (else: one sampled token)
     tool: Future | None = None
     tool_due: int = 0  # the step at which the tool's observation is fed (deterministic, see the docstring)
-    group: _Group | None = None  # while leading or waiting for a prompt shared with other requests
+    group: Group | None = None  # while leading or waiting for a prompt shared with other requests
     finished: bool = False
 
 
@@ -208,7 +153,7 @@ class HFEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32, max_chunk_tokens: int = 256,
                  tool_workers: int = 8, block_size: int = BLOCK_SIZE, share_prefix: bool = True,
-                 min_shared_prefix: int = MIN_SHARED_PREFIX, tool_delay_steps: int = TOOL_DELAY_STEPS,
+                 min_shared_prefix: int = 16, tool_delay_steps: int = TOOL_DELAY_STEPS,
                  fused: bool = True):
         if min(max_batch, max_chunk_tokens, tool_workers, tool_delay_steps, block_size) < 1:
             raise ValueError("max_batch, max_chunk_tokens, tool_workers, tool_delay_steps and block_size must be >= 1")
@@ -292,28 +237,14 @@ class HFEngine:
     # -- prompt sharing ---------------------------------------------------------------------------
 
     def _plan_sharing(self, todo: list[Trajectory]) -> list[Trajectory]:
-        """Group identical prompts and prefill the tree of shared prefixes; returns the admission order
-        (shortest prompt first, a group's members next to each other)."""
-        self._groups: dict[int, _Group] = {}
-        self._prefix_of: dict[int, _Prefix] = {}  # id(trajectory) -> its deepest shared prefix
+        """Group identical prompts and prefill the tree of shared prefixes (coa.rollout.sharing); returns the
+        admission order."""
+        self._groups, self._prefix_of = {}, {}
         if not self.share_prefix or len(todo) < 2:
             return todo
-        by_prompt: dict[tuple[int, ...], list[Trajectory]] = {}
-        for traj in todo:
-            by_prompt.setdefault(tuple(traj.prompt_ids), []).append(traj)
-        for members in by_prompt.values():
-            if len(members) > 1:
-                group = _Group(queued=len(members))
-                self._groups.update((id(t), group) for t in members)
-        # Shorter prompts first: rows admitted together ingest prompts of similar length (less padding).
-        # Each row samples from its own generator, so in float32 the order changes no result (in bf16 the
-        # batch's composition can move a logit by a rounding step).
-        order = [t for members in sorted(by_prompt.values(), key=lambda m: len(m[0].prompt_ids)) for t in members]
-        root = _Prefix(0, [])
-        owner: dict[tuple[int, ...], _Prefix] = {}  # prompt -> its deepest prefix
-        levels: list[list[tuple[_Prefix, _Prefix, list[int]]]] = []  # per depth: (node, parent, its tokens)
-        self._split(sorted(by_prompt), root, 0, owner, levels)
-        for level in levels:  # parents before children; the nodes of one depth in one forward
+        plan = plan_sharing(todo, self.min_shared_prefix)
+        self._groups = plan.groups
+        for level in plan.levels:  # parents before children; the prefixes of one depth in one forward
             rows = []
             for node, parent, tokens in level:
                 row = _Row(traj=None, generator=None, feed=tokens[parent.n : node.n])  # type: ignore[arg-type]
@@ -323,47 +254,17 @@ class HFEngine:
                 self._forward([row for _, row in rows if row.feed], ingest=True)
             for node, row in rows:
                 node.blocks = row.blocks
-        if levels and not self._cache.k:  # a model without a KV cache has nothing to share
-            for level in levels:
-                for node, _, _ in level:
-                    self._cache.release(node.blocks)
-            return order
-        self.stats.shared_prefix = sum(node.n - parent.n for level in levels for node, parent, _ in level)
-        for prompt, members in by_prompt.items():
-            node = owner.get(prompt)
-            if node is not None:
-                node.queued += len(members)
-                self._prefix_of.update((id(t), node) for t in members)
-        for level in levels:  # prefixes that only hold children: their children hold the blocks now
-            for node, _, _ in level:
-                if node.queued == 0:
-                    self._cache.release(node.blocks)
-        return order
-
-    def _split(self, prompts: list[tuple[int, ...]], parent: _Prefix, depth: int,
-               owner: dict[tuple[int, ...], _Prefix], levels: list) -> None:
-        """Build the prefix tree under ``parent`` for ``prompts`` (sorted, distinct, all starting with the
-        parent's ``n`` tokens): their common prefix becomes a node when it is at least ``min_shared_prefix``
-        tokens longer than the parent's and shared by two prompts or more; then the prompts that go on with
-        the same next token are split in turn."""
-        first, last = prompts[0], prompts[-1]  # sorted: the common prefix of all is that of the two ends
-        n = min(min(len(p) for p in prompts) - 1, next((k for k in range(min(len(first), len(last)))
-                                                         if first[k] != last[k]), min(len(first), len(last))))
-        node = parent
-        if len(prompts) > 1 and n - parent.n >= self.min_shared_prefix:
-            node = _Prefix(n, [])
-            while len(levels) <= depth:
-                levels.append([])
-            levels[depth].append((node, parent, list(first[:n])))
-            depth += 1
-        rest: dict[int, list[tuple[int, ...]]] = {}  # by the token after the common prefix (where they differ)
-        for p in prompts:
-            owner[p] = node
-            if len(p) > n + 1:
-                rest.setdefault(p[n], []).append(p)
-        for group in rest.values():
-            if len(group) > 1:
-                self._split(group, node, depth, owner, levels)
+        nodes = [node for level in plan.levels for node, _, _ in level]
+        if nodes and not self._cache.k:  # a model without a KV cache has nothing to share
+            for node in nodes:
+                self._cache.release(node.blocks)
+            return plan.order
+        self._prefix_of = plan.prefix_of
+        self.stats.shared_prefix = plan.prefilled
+        for node in nodes:  # prefixes that only hold children: their children hold the blocks now
+            if node.queued == 0:
+                self._cache.release(node.blocks)
+        return plan.order
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -419,8 +320,8 @@ class HFEngine:
         """Set up just admitted rows: a fork of an ingested identical prompt draws its first token now; one
         whose identical prompt is being ingested waits for it; the others share the prefix's blocks and
         ingest the rest of their prompt."""
-        forked: list[tuple[_Group, _Row]] = []
-        done: list[_Prefix] = []  # prefixes whose last row is in: their blocks go back after the loop
+        forked: list[tuple[Group, _Row]] = []
+        done: list[Prefix] = []  # prefixes whose last row is in: their blocks go back after the loop
         for row in admitted:
             node = self._prefix_of.get(id(row.traj))
             if node is not None:
