@@ -5,7 +5,7 @@
 
 Trains ``models/base`` on ``data/trajectories.parquet`` with the shipped ``sft`` params (coa.train.sft.train_sft,
 the stage's own loop and schedule), snapshots the policy when its training time passes each mark, and
-evaluates every snapshot like the eval stage does (coa.evaluate on the eval split: the agent loop with its
+evaluates every snapshot like the eval stage does (coa.eval.evaluate on the eval split: the agent loop with its
 tools, ``common.agent`` limits, ``eval.sampling``, k samples per task) on the first ``--per-domain`` eval
 tasks of each domain. Prints one line per snapshot and domain (accuracy with its 95% CI, format_ok, tool
 calls) and writes rows ``{minutes, domain, model (the series), accuracy, ci_low, ci_high, format_ok, tool_calls, step, loss}``
@@ -27,7 +27,7 @@ import torch
 
 from coa.config import derive_seed, load_params
 from coa.device import cpu_capability
-from coa.evaluate import evaluate_by_domain, summarize
+from coa.eval.evaluate import evaluate_by_domain, summarize
 from coa.io import first_per_domain
 from coa.model import load_pretrained, save_pretrained
 from coa.runtime import agent_limits, engine_from, tools_factory
@@ -39,8 +39,8 @@ def eval_tasks(tasks_path: str, per_domain: int) -> list[dict]:
 
 
 def evaluate_policy(path: str, tasks: list[dict], k: int, params, index_dir: str) -> dict[str, dict]:
-    """Per domain: the eval stage's figures (coa.evaluate.summarize) for the policy in folder ``path``, rolled
-    out as the eval stage does (coa.evaluate.evaluate_by_domain: domains sampled alike share one queue)."""
+    """Per domain: the eval stage's figures (coa.eval.evaluate.summarize) for the policy in folder ``path``, rolled
+    out as the eval stage does (coa.eval.evaluate.evaluate_by_domain: domains sampled alike share one queue)."""
     tools = tools_factory(params.common.tools, index_dir)
     engine = engine_from(params.eval.engine, path)
     rows = evaluate_by_domain(engine, tasks, k, params.eval.sampling, lambda name: derive_seed(1, "learning", name),

@@ -1,4 +1,4 @@
-"""Held-out eval of one or more policies with coa.evaluate: accuracy (95% bootstrap CI), format, tool use.
+"""Held-out eval of one or more policies with coa.eval.evaluate: accuracy (95% bootstrap CI), format, tool use.
 
     python bench/policy.py models/base models/sft            # the eval split, k=1, greedy
     python bench/policy.py models/sft --per-domain 60 --k 2 --temperature 0.7
@@ -18,7 +18,7 @@ import polars as pl
 import torch
 
 from coa.config import load_params
-from coa.evaluate import evaluate
+from coa.eval.evaluate import evaluate
 from coa.io import first_per_domain
 from coa.rollout import Limits, Sampling, make_engine
 from coa.tools import ToolSession, build_tools

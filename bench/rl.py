@@ -11,8 +11,8 @@ the RL temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage
 own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value``, rollouts
 from a copy in the engine's dtype, the reward of coa.rewards.reward. Then SFT (cached per policy and
 settings under .cache/bench-rl) and the RL policy are evaluated on the validation slice the way the eval
-stage does (coa.evaluate.evaluate_by_domain, ``--eval-temperature``, ``--eval-k``), and RL - SFT is paired
-by task with a bootstrap interval (coa.metrics.paired_difference). Prints one JSON row (appended to
+stage does (coa.eval.evaluate.evaluate_by_domain, ``--eval-temperature``, ``--eval-k``), and RL - SFT is paired
+by task with a bootstrap interval (coa.eval.metrics.paired_difference). Prints one JSON row (appended to
 ``--out``): the settings, seconds per part, accuracy and format_ok per domain, the paired difference.
 Needs the pipeline's outputs up to sft (``dvc repro sft``); quote the printed ``cpu`` with the figures.
 """
@@ -60,7 +60,7 @@ def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: in
 
 def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok) -> list[dict]:
     from coa.config import DomainSamplingConfig
-    from coa.evaluate import evaluate_by_domain
+    from coa.eval.evaluate import evaluate_by_domain
 
     sampling = {d: DomainSamplingConfig(temperature=temperature, top_p=1.0) for d in ("web", "math", "code")}
     return evaluate_by_domain(engine, tasks, k, sampling, lambda d: hash((seed, d)) & 0xFFFF, limits, tools, tok)
@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from coa.config import derive_seed, load_params
     from coa.device import cpu_capability, resolve_dtype
-    from coa.evaluate import evaluate
+    from coa.eval.evaluate import evaluate
+    from coa.eval.metrics import paired_difference
     from coa.io import md5_path
-    from coa.metrics import paired_difference
     from coa.model import load_pretrained, save_pretrained
     from coa.prompts import render_prompt
     from coa.rewards import RewardSpec, reward

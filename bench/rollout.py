@@ -48,7 +48,7 @@ def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str, kind
     import polars as pl
 
     from coa.config import load_params
-    from coa.evaluate import evaluate_by_domain
+    from coa.eval.evaluate import evaluate_by_domain
     from coa.io import first_per_domain
     from coa.progress import tracked
     from coa.rollout import make_engine

@@ -1,7 +1,7 @@
 """The solve filter's decisions (the solve_filter stage): which RL candidates to sample, which to keep.
 
     todo, rejects = select(candidates, kept_ids, cfg)              # cfg: coa.config.SolveFilterConfig
-    result = coa.evaluate.evaluate(engine, todo, cfg.k, ...)       # k rollouts of the SFT policy per task
+    result = coa.eval.evaluate.evaluate(engine, todo, cfg.k, ...)  # k rollouts of the SFT policy per task
     rows, dropped = decide(todo, result.rows, cfg)                 # rows of data/rl_tasks.parquet
     summary(len(candidates), table, left_out, n_rejected, result, sample_s, cfg.k)   # metrics
 
@@ -61,7 +61,7 @@ def decide(todo: Sequence[dict[str, Any]], rollout_rows: Sequence[Mapping[str, A
 
 def summary(n_candidates: int, table: pl.DataFrame, left_out: int, n_rejected: int, result: Any, sample_s: float,
             k: int) -> dict[str, Any]:
-    """metrics/solve_filter.json; ``result`` is coa.evaluate.evaluate's result on the sampled tasks."""
+    """metrics/solve_filter.json; ``result`` is coa.eval.evaluate.evaluate's result on the sampled tasks."""
     kept = table.filter(pl.col("kept"))
     metrics = {"candidates": n_candidates, "sampled": table.height, "kept": kept.height,
                "left_out": left_out, "rejected": n_rejected, "k": k,

@@ -115,7 +115,7 @@ def _outage_message(stage: str, failed: int, total: int, unit: str, error: str |
 def teacher_rows(teacher: Teacher, tasks: list[dict[str, Any]], k: int, seed: int, count: Callable[[str], int],
                  cfg: DistillConfig, judge: Any = None) -> list[dict[str, Any]]:
     """The teacher team on every task k times (fresh seeds from ``seed``; ``cfg.workers`` threads), one eval
-    row per attempt with the keys of coa.evaluate's rows; tokens counted by ``count`` (the student's
+    row per attempt with the keys of coa.eval.evaluate's rows; tokens counted by ``count`` (the student's
     tokenizer). An attempt that could not reach the backend is no wrong answer: it is run again for
     ``cfg.retry_rounds`` rounds, and if any is still out, TeacherOutage (eval needs all k attempts of a task)."""
 

@@ -152,7 +152,7 @@ class EvalRow(pa.DataFrameModel):
     answer: str = pa.Field(nullable=True, description="The <answer> content; null without one")
     parse_ok: bool = pa.Field(description="The trajectory parses and follows the role graph (teacher: its answer's shape)")
     finish: str = pa.Field(description="Why the attempt ended (a rollout finish reason; teacher: answer or error)")
-    billed_tokens: int = pa.Field(ge=0, description="coa.metrics.billed_tokens with the policy's tokenizer")
+    billed_tokens: int = pa.Field(ge=0, description="coa.eval.metrics.billed_tokens with the policy's tokenizer")
     generated_tokens: int = pa.Field(ge=0, description="Tokens the model(s) wrote")
     tool_calls: int = pa.Field(ge=0)
     turns: int = pa.Field(ge=0, description="Model calls: student segments between tool calls, teacher agent calls")

@@ -34,6 +34,7 @@ import coa.teacher
 import coa.tools
 from coa.config import to_dict
 from coa.distill import jsonl, llamafactory_dataset_info, llamafactory_records, sharegpt_records
+from coa.eval.metrics import token_counter
 from coa.io import (
     first_per_domain,
     md5_path,
@@ -43,7 +44,6 @@ from coa.io import (
     write_rejects,
     write_table,
 )
-from coa.metrics import token_counter
 from coa.prompts import render_prompt
 from coa.teach import TeacherOutage, distill_tasks, make_teacher
 from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, TaskStats, Trajectory

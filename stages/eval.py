@@ -15,11 +15,11 @@ Per model (metrics/eval.json, one flat section each: base, sft, rl, teacher), on
 benchmark under its own `bench:<kind>.` keys): accuracy (avg@k) with its bootstrap 95% interval, pass@1..k (the unbiased estimator), best-of-k (self-selected: the policy's own
 double-check score, then the majority answer), format validity, tokens, tool calls and turns per attempt,
 the same per domain and benchmark, and for the students the billed-token ratio to the teacher
-(coa.metrics.billed_tokens, the student's tokenizer for both) and the engine's policy tokens per second.
+(coa.eval.metrics.billed_tokens, the student's tokenizer for both) and the engine's policy tokens per second.
 `rl_vs_sft`: RL minus SFT accuracy on the same tasks and samples with a paired bootstrap 95% interval
-(coa.report.compare). The base model answers only `base_max_tasks` tasks per domain (zero-shot, it writes
+(coa.eval.report.compare). The base model answers only `base_max_tasks` tasks per domain (zero-shot, it writes
 to its limits). Plots (--plots) and one small headline file
-per model (--headline, `dvc metrics show`): coa.plots. Promotion is not here (`coa promote` after the stage).
+per model (--headline, `dvc metrics show`): coa.eval.plots. Promotion is not here (`coa promote` after the stage).
 
 The teacher runs first: an attempt whose team could not reach its backend (after the chat client's retries
 and `distill.retry_rounds` rounds) is not scored as a wrong answer, the stage exits 1 with one line naming
@@ -38,12 +38,12 @@ import polars as pl
 
 from coa.config import derive_seed
 from coa.device import compute_facts
-from coa.evaluate import evaluate_by_domain
+from coa.eval.evaluate import evaluate_by_domain
+from coa.eval.metrics import token_counter
+from coa.eval.plots import publish
+from coa.eval.report import compare, eval_metrics, task_slices
 from coa.io import first_per_domain, read_table, write_table
-from coa.metrics import token_counter
 from coa.model import load_tokenizer
-from coa.plots import publish
-from coa.report import compare, eval_metrics, task_slices
 from coa.runtime import agent_limits, engine_dtype, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
 from coa.teach import TeacherOutage, make_teacher, teacher_rows

@@ -9,7 +9,7 @@ policy's own tokens only (coa.train.data), weighted by the trajectory's weight. 
 coa.train.sft.train_sft; every `sft.checkpoint_every` steps it writes a resumable checkpoint under
 `--checkpoints`, so a killed run started again continues where it stopped (and ends bitwise equal);
 the folder is removed once the model is written. Step metrics (loss, lr, grad norm, tokens/s) go to
-MLflow and the loss curve to `--plots`; `heldout.*` metrics are coa.diagnostics.teacher_forced on
+MLflow and the loss curve to `--plots`; `heldout.*` metrics are coa.eval.diagnostics.teacher_forced on
 `--heldout` (teacher trajectories of eval tasks, never trained on): token, answer and copied-token
 accuracy; the model is logged and registered as `sft.register_as`.
 
@@ -32,7 +32,7 @@ from contextlib import nullcontext
 
 from coa.config import derive_seed, to_dict
 from coa.device import compute_facts, default_device, resolve_dtype
-from coa.diagnostics import teacher_forced
+from coa.eval.diagnostics import teacher_forced
 from coa.io import read_table, write_json
 from coa.model import load_pretrained
 from coa.train.kit import save_trained

@@ -24,7 +24,7 @@ import polars as pl
 
 from coa.config import derive_seed
 from coa.device import compute_facts
-from coa.evaluate import evaluate
+from coa.eval.evaluate import evaluate
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
 from coa.runtime import agent_limits, engine_dtype, engine_from, judge_from, tools_factory

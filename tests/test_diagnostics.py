@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from coa.diagnostics import teacher_forced, token_kinds
+from coa.eval.diagnostics import teacher_forced, token_kinds
 from coa.model import train_tokenizer
 from coa.prompts import render_prompt
 from coa.train.data import encode_example

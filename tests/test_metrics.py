@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coa.metrics import billed_tokens, student_calls, token_counter
+from coa.eval.metrics import billed_tokens, student_calls, token_counter
 
 
 def words(text: str) -> int:
@@ -47,7 +47,7 @@ def test_token_counter_uses_the_tokenizer_without_special_tokens():
 
 
 def test_paired_difference_pairs_attempts_and_resamples_tasks():
-    from coa.metrics import paired_difference
+    from coa.eval.metrics import paired_difference
 
     a = {("t1", 0): True, ("t1", 1): True, ("t2", 0): False, ("t2", 1): True, ("t3", 0): True, ("t9", 0): True}
     b = {("t1", 0): False, ("t1", 1): True, ("t2", 0): False, ("t2", 1): False, ("t3", 0): True}

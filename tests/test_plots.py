@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coa.plots import figures, headline, plot_rows
+from coa.eval.plots import figures, headline, plot_rows
 
 METRICS = {
     "sft": {"accuracy": 0.25, "web.accuracy": 0.0, "math.accuracy": 0.5, "code.accuracy": 0.25, "pass@1": 0.25,

@@ -1,8 +1,8 @@
-"""coa.report: the eval stage's per-slice breakdown (web kind and hops, math/code family)."""
+"""coa.eval.report: the eval stage's per-slice breakdown (web kind and hops, math/code family)."""
 
 import json
 
-from coa.report import eval_metrics, task_slices
+from coa.eval.report import eval_metrics, task_slices
 
 
 def _task(task_id: str, domain: str, **meta) -> dict:

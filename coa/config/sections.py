@@ -233,7 +233,7 @@ class DistillConfig:
         "retries), waiting 1 s, 2 s, 4 s, ... (at most 60 s) before each.", default=2)
     heldout_tasks: int = _help(
         "Eval-split tasks per domain the teacher also runs, kept apart (data/heldout.parquet, never trained on): "
-        "the sft stage's teacher-forced diagnostics (coa.diagnostics).", default=30)
+        "the sft stage's teacher-forced diagnostics (coa.eval.diagnostics).", default=30)
     max_error_share: float = _help(
         "Share of tasks whose backend still failed after the retries that may be left out (rejected as "
         "teacher_error, counted in metrics); above it the stage fails, so the next `dvc repro` redoes them.",

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from coa.metrics import billed_tokens
+from coa.eval.metrics import billed_tokens
 
 AGENTS = ("planner", "searcher", "coder", "critic", "verifier", "answerer")
 PARTIES = (*AGENTS, "orchestrator", "tools")

@@ -1,4 +1,4 @@
-"""coa.evaluate with a fake engine whose answers are known: accuracy, its bootstrap CI, pass@k, cost, rows."""
+"""coa.eval.evaluate with a fake engine whose answers are known: accuracy, its bootstrap CI, pass@k, cost, rows."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from coa.evaluate import evaluate
+from coa.eval.evaluate import evaluate
+from coa.eval.metrics import billed_tokens, bootstrap_ci, pass_at_k, student_calls, token_counter
 from coa.format import extract_answer
-from coa.metrics import billed_tokens, bootstrap_ci, pass_at_k, student_calls, token_counter
 from coa.prompts import render_prompt
 from coa.rollout import Limits, Rollout, Sampling
 from coa.rollout.loop import encode
@@ -108,7 +108,7 @@ def test_domains_with_the_same_sampling_share_one_engine_call(tok):
     "web+math"); a domain with its own temperature gets its own call and seed. Rows come domain by domain."""
     from types import SimpleNamespace
 
-    from coa.evaluate import evaluate_by_domain
+    from coa.eval.evaluate import evaluate_by_domain
 
     tasks, n_correct = make_tasks(3, 2)
     calls = []

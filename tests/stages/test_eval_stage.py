@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from coa.config import load_params
-from coa.metrics import token_counter
+from coa.eval.metrics import token_counter
 from coa.teach import TeacherOutage, make_teacher, teacher_rows
 from tests.fakes.chat_server import ChatServer
 from tests.rollout.scripted import make_tokenizer

@@ -1,6 +1,6 @@
 """Evaluate a policy: k rollouts per task with tools, scored by the one checker; accuracy, pass@k, cost.
 
-    from coa.evaluate import evaluate
+    from coa.eval.evaluate import evaluate
     from coa.rollout import make_engine, Sampling, Limits
     engine = make_engine("hf", "models/rl", max_batch=32)
     tools = build_tools(params.common.tools, index_dir="data/index")
@@ -13,11 +13,11 @@ Per group (all tasks, and each domain):
   accuracy       avg@k: the mean over tasks of the task's fraction of correct samples (= pass@1);
   accuracy_ci95  a percentile bootstrap 95% interval of accuracy, resampling tasks (n_boot draws, seeded);
   pass@j         the unbiased estimator 1 - C(n-c, j) / C(n, j) averaged over tasks, for j = 1, 2, 4, ... k;
-  best_of_k      the accuracy of one sample per task chosen without the answer key (coa.metrics.best_of_k:
+  best_of_k      the accuracy of one sample per task chosen without the answer key (coa.eval.metrics.best_of_k:
                  the policy's own double-check score, then the most frequent answer);
   format_ok      the fraction of rollouts whose text parses and passes coa.format.check_transitions;
   tool_calls, turns, policy_tokens, billed_tokens   means per rollout (one attempt at a task); billed
-                 tokens are coa.metrics.billed_tokens over coa.metrics.student_calls, counted with the
+                 tokens are coa.eval.metrics.billed_tokens over coa.eval.metrics.student_calls, counted with the
                  policy's tokenizer;
   finish         counts of Rollout.finish.
 `rows` holds one dict per rollout (task_id, sample, domain, correct, answer, n_tool_calls, n_turns,
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from coa.eval.metrics import best_of_k, billed_tokens, bootstrap_ci, pass_at_k, student_calls, token_counter
 from coa.format import DOMAINS
-from coa.metrics import best_of_k, billed_tokens, bootstrap_ci, pass_at_k, student_calls, token_counter
 from coa.prompts import render_prompt
 from coa.rewards import Judge, check, format_ok
 from coa.rollout.types import Engine, Limits, Request, Sampling, ToolsFactory

@@ -1,12 +1,12 @@
 """The eval stage's figures from its attempt rows: a flat metrics section per model (plot rows and the
-headline table from them are coa.plots).
+headline table from them are coa.eval.plots).
 
-    from coa.report import compare, eval_metrics
+    from coa.eval.report import compare, eval_metrics
     metrics = eval_metrics(rows, ["base", "sft", "rl", "teacher"], k=2, n_boot=1000, seed=7, timings={...})
     compare(rows, "rl", "sft", n_boot=1000, seed=7)   # {accuracy_diff, ci_low, ci_high, tasks, attempts}
 
 Each section holds the eval split overall and per domain, then each benchmark group (`bench:<kind>.`),
-from coa.evaluate.summarize (means per attempt), the eval wall time and, for the students, the ratio of
+from coa.eval.evaluate.summarize (means per attempt), the eval wall time and, for the students, the ratio of
 their billed tokens per task to the teacher's.
 """
 
@@ -16,8 +16,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from coa.evaluate import summarize
-from coa.metrics import paired_difference
+from coa.eval.evaluate import summarize
+from coa.eval.metrics import paired_difference
 
 
 def task_slices(tasks: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
@@ -38,7 +38,7 @@ def task_slices(tasks: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
 def eval_metrics(rows: list[dict[str, Any]], models: list[str], k: int, n_boot: int, seed: int,
                  timings: dict[str, float], slices: Mapping[str, list[str]] | None = None) -> dict[str, dict[str, float]]:
     """metrics/eval.json: one flat section per model (rows carry model and group); with ``slices``
-    (coa.report.task_slices of the eval tasks), also each slice's accuracy and task count on the eval split."""
+    (coa.eval.report.task_slices of the eval tasks), also each slice's accuracy and task count on the eval split."""
     metrics: dict[str, Any] = {name: _section([r for r in rows if r["model"] == name], k, n_boot, seed)
                                for name in models}
     for name in models:
@@ -53,7 +53,7 @@ def eval_metrics(rows: list[dict[str, Any]], models: list[str], k: int, n_boot: 
 
 
 def compare(rows: list[dict[str, Any]], a: str, b: str, n_boot: int, seed: int) -> dict[str, float]:
-    """``a`` against ``b`` on the eval split, paired on the same tasks and samples (coa.metrics.paired_difference):
+    """``a`` against ``b`` on the eval split, paired on the same tasks and samples (coa.eval.metrics.paired_difference):
     accuracy_diff (a - b), its bootstrap 95% interval, and how many tasks and attempts were paired."""
     def outcomes(name: str) -> dict[tuple[str, int], bool]:
         return {(r["task_id"], r["sample"]): bool(r["correct"]) for r in rows if r["model"] == name and r["group"] == "eval"}
