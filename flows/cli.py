@@ -12,7 +12,7 @@
 token, each role in its own colour. `promote` moves the ``champion`` alias of ``coa-policy`` to the version
 of the workspace's models/rl when metrics/eval.json puts its accuracy above the current champion's
 (recorded on that version when it was promoted); a registry without that model gets it registered first
-(coa.registry: by content hash, so whether or not the rl stage just ran). Registry and server problems
+(coa.track.registry: by content hash, so whether or not the rl stage just ran). Registry and server problems
 end with one line that says what to do, and exit status 1.
 """
 
@@ -45,7 +45,7 @@ def _style(text: str) -> str:
 
 def resolve_model(uri: str, tracking_uri: str | None = None) -> str:
     """A local folder for a model path or an MLflow registry URI (models:/name@alias, models:/name/version)."""
-    from coa.registry import resolve
+    from coa.track.registry import resolve
 
     if not uri.startswith("models:/") and not Path(uri).is_dir():
         raise SystemExit(f"{uri}: no such model folder (run `dvc repro rl` or `dvc pull`, or pass "
@@ -158,10 +158,10 @@ def export(path: str, fmt: str, out_path: str) -> int:
 def promote(metrics_path: str, model_dir: str, name: str, alias: str, tracking_uri: str | None) -> str:
     """Move ``alias`` to the registered version of ``model_dir`` (registering it first when the registry lacks
     it) when its eval accuracy beats the current holder's; returns what happened (one line). Raises
-    coa.registry.RegistryError with a one-line reason."""
+    coa.track.registry.RegistryError with a one-line reason."""
     import mlflow
 
-    from coa.registry import RegistryError, register, workspace_description
+    from coa.track.registry import RegistryError, register, workspace_description
 
     if not Path(metrics_path).exists():
         raise RegistryError(f"{metrics_path}: not found; run `dvc repro eval` (or `dvc pull`) first")
@@ -194,7 +194,7 @@ def promote(metrics_path: str, model_dir: str, name: str, alias: str, tracking_u
 
 def main(argv: list[str] | None = None) -> int:
     from coa.io import ArtifactError
-    from coa.registry import RegistryError
+    from coa.track.registry import RegistryError
 
     defaults = argparse.ArgumentDefaultsHelpFormatter
     ap = argparse.ArgumentParser(prog="coa", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -198,7 +198,7 @@ def run_stage(stage: str, run_id: str) -> Any:
 def promote_step() -> str:
     """Registers the workspace's models/sft and models/rl when the registry lacks them (content hash), then
     `coa promote` with its defaults (metrics/eval.json, models/rl, coa-policy@champion)."""
-    from coa.registry import register
+    from coa.track.registry import register
     from flows.cli import promote
 
     if Path("models/sft/config.json").exists():

@@ -1,4 +1,4 @@
-"""coa.tracking: a stage's MLflow run in the local store, with its artifacts beside the store."""
+"""coa.track.runs: a stage's MLflow run in the local store, with its artifacts beside the store."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from coa.tracking import stage_run
+from coa.track.runs import stage_run
 
 
 def test_local_store_keeps_artifacts_beside_it(tmp_path, monkeypatch):
@@ -43,14 +43,14 @@ def test_experiments_are_ml_and_grouped_metrics_keep_their_slash(tmp_path, monke
 
 def test_registering_a_local_folder_asks_the_hub_nothing(monkeypatch):
     """MLflow's transformers flavor looks up a model card and license on the Hub for a local folder's
-    name; inside coa.registry._hub_offline that fails at once instead of retrying, and the flag comes back."""
+    name; inside coa.track.registry._hub_offline that fails at once instead of retrying, and the flag comes back."""
     import os
     import time
 
     import huggingface_hub
     import huggingface_hub.constants as hub
 
-    from coa.registry import _hub_offline
+    from coa.track.registry import _hub_offline
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     before = hub.HF_HUB_OFFLINE

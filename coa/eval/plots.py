@@ -87,7 +87,7 @@ def figures(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def publish(run: Any, metrics: dict[str, dict[str, float]], plots_dir: str | Path, headline_dir: str | Path) -> None:
     """Plot rows (dvc plots) and the headline files (dvc metrics show) from eval's metrics, and both as
-    artifacts of the MLflow ``run`` (coa.tracking's run: log_table, log_figure, log_artifact)."""
+    artifacts of the MLflow ``run`` (a coa.track.runs.StageRun: log_table, log_figure, log_artifact)."""
     from coa.io import write_json
 
     rows, table = plot_rows(metrics), headline(metrics)

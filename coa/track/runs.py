@@ -1,6 +1,6 @@
 """MLflow helpers: one run per stage, with params, metrics, wall time and lineage tags.
 
-    from coa.tracking import stage_run
+    from coa.track.runs import stage_run
     with stage_run("curate", params={"curate": {...}}, tags={"coa.git_commit": "..."}) as run:
         run.log_metrics({"tasks": 1200})
 
@@ -213,8 +213,8 @@ def pipeline_run_id() -> str:
 
 
 def register_model(model_dir: Path, name: str, tags: dict[str, str]) -> str | None:
-    """Register the model folder as ``name`` (coa.registry.register: by content hash, once); the version."""
-    from coa.registry import RegistryError, register
+    """Register the model folder as ``name`` (coa.track.registry.register: by content hash, once); the version."""
+    from coa.track.registry import RegistryError, register
 
     try:
         return str(register(model_dir, name, tags).version)

@@ -1,6 +1,6 @@
 """The MLflow model registry: register a model folder once (by its content hash), describe, resolve.
 
-    from coa.registry import register, resolve
+    from coa.track.registry import register, resolve
     version = register(Path("models/rl"), "coa-policy", {"coa.stage": "rl"})   # a no-op when registered
     folder = resolve("models:/coa-policy@champion")                              # a local HF folder
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from coa.io import md5_path
-from coa.tracking import experiment_id, tracking_uri
+from coa.track.runs import experiment_id, tracking_uri
 
 MD5_TAG = "coa.model_md5"
 TASK = "text-generation"
@@ -154,7 +154,7 @@ def _hf_folder(local: Path) -> Path:
         for f in part.glob("*") if part.is_dir() else []:
             (merged / f.name).symlink_to(f.resolve())
     if not (merged / "config.json").exists():
-        raise RegistryError(f"{local}: an MLflow model without transformers weights; register it with coa.registry")
+        raise RegistryError(f"{local}: an MLflow model without transformers weights; register it with coa.track.registry")
     return merged
 
 
