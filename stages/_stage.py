@@ -13,7 +13,7 @@ capped), and, where the stage set `st.compute`, `dtype`, `cpu_capability`, `amx`
 the stage with one line: for a model folder, the dvc.yaml stage that writes it (`writer_of`).
 
 The lineage tags (git commit, dependency hashes, pipeline-run id) come from coa.track.runs.lineage_tags;
-engines, judge, tools and limits from coa.runtime; model registration is coa.track.runs.register_model.
+engines, judge, tools and limits from coa.runtime; model registration is coa.track.registry.register_model.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from rich.logging import RichHandler
 
 from coa.config import ConfigError, Params, load_params, to_dict
 from coa.io import ArtifactError, MissingModelError, write_json
-from coa.track.runs import lineage_tags, register_model, stage_run
+from coa.track.registry import register_model
+from coa.track.runs import lineage_tags, stage_run
 
 log = logging.getLogger("coa")
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +134,7 @@ class Stage:
         log.info("%s: done in %.1f s, peak RSS %.2f GB", self.name, self.elapsed, run_facts["peak_rss_gb"])
 
     def register(self, model_dir: str | Path, name: str, tags: dict[str, str] | None = None) -> None:
-        """Log the model folder to this run, register it as ``name`` (coa.track.runs.register_model) and tag
+        """Log the model folder to this run, register it as ``name`` (coa.track.registry.register_model) and tag
         the run with the version."""
         version = register_model(Path(model_dir), name, {"coa.stage": self.name, **(tags or {})})
         self.run.set_tags({"coa.registered_model": name, "coa.registered_version": version or "none"})

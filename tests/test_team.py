@@ -81,7 +81,7 @@ def test_mlflow_registry_with_s3_artifacts_loads_in_a_fresh_process(s3, tmp_path
 import mlflow, torch
 from coa.model import build_tiny_model, save_pretrained, train_tokenizer
 from coa.config import TinyModelConfig
-from coa.track.runs import register_model
+from coa.track.registry import register_model
 tok = train_tokenizer(["alpha beta gamma delta"] * 20, vocab_size=300, min_frequency=1)
 cfg = TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                       intermediate_size=64, max_position_embeddings=128, rope_theta=10000.0)

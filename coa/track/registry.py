@@ -1,6 +1,6 @@
 """The MLflow model registry: register a model folder once (by its content hash), describe, resolve.
 
-    from coa.track.registry import register, resolve
+    from coa.track.registry import register, register_model, resolve
     version = register(Path("models/rl"), "coa-policy", {"coa.stage": "rl"})   # a no-op when registered
     folder = resolve("models:/coa-policy@champion")                              # a local HF folder
 
@@ -142,6 +142,16 @@ def register(model_dir: str | Path, name: str, tags: dict[str, str] | None = Non
     client.update_model_version(name, version.version, description=description or workspace_description(model_dir))
     log.info("registered %s version %s (%s)", name, version.version, model_dir)
     return client.get_model_version(name, version.version)
+
+
+def register_model(model_dir: Path, name: str, tags: dict[str, str]) -> str | None:
+    """Register the model folder as ``name`` (``register``: by content hash, once); the version, or None (logged)
+    where the tracking server has no model registry. A stage's run calls this (stages/_stage.py)."""
+    try:
+        return str(register(model_dir, name, tags).version)
+    except RegistryError as err:  # a tracking server without a model registry: the run still has its metrics
+        log.warning("%s", err)
+        return None
 
 
 def _hf_folder(local: Path) -> Path:

@@ -8,7 +8,8 @@ Lineage tags of a stage's run (``lineage_tags``): git commit (and whether the tr
 hash of every dependency (from dvc.lock where an upstream stage recorded it, else hashed the way DVC
 hashes a file), and a pipeline-run id shared by all stages of one run: `COA_PIPELINE_RUN_ID` when set
 (the Makefile and the Prefect flow set it), else derived from the `dvc repro` process that started us.
-``register_model`` logs a model folder to the active run and registers it.
+Registering a stage's model is coa.track.registry.register_model (the registry imports this module, never
+the other way round).
 
 The tracking store is `MLFLOW_TRACKING_URI` when set (a team server), else a local SQLite store in
 the ignored folder `.mlflow/` (artifacts beside it). The stage's wall time is logged as the metric
@@ -140,7 +141,7 @@ def stage_run(
             log.info("%s: wall time %.1f s (MLflow run %s)", stage, wall, active.info.run_id)
 
 
-# ----------------------------------------------------------------------------- lineage and registry
+# ----------------------------------------------------------------------------- lineage
 
 
 def _git(*args: str) -> str:
@@ -211,13 +212,3 @@ def pipeline_run_id() -> str:
             break
     return f"solo-{uuid.uuid4().hex[:12]}"
 
-
-def register_model(model_dir: Path, name: str, tags: dict[str, str]) -> str | None:
-    """Register the model folder as ``name`` (coa.track.registry.register: by content hash, once); the version."""
-    from coa.track.registry import RegistryError, register
-
-    try:
-        return str(register(model_dir, name, tags).version)
-    except RegistryError as err:  # a tracking server without a model registry: the run still has its metrics
-        log.warning("%s", err)
-        return None
