@@ -142,7 +142,7 @@ def export(path: str, fmt: str, out_path: str) -> int:
     """Trajectories -> ShareGPT or LLaMA-Factory JSONL (the distill stage's exporters); returns rows written."""
     import polars as pl
 
-    from coa.distill import jsonl, llamafactory_records, sharegpt_records
+    from coa.teacher.trajectory import jsonl, llamafactory_records, sharegpt_records
 
     rows = pl.read_parquet(path).to_dicts()
     if rows and "trajectory" not in rows[0]:

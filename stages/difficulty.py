@@ -22,7 +22,7 @@ import polars as pl
 
 from coa.config import derive_seed
 from coa.device import compute_facts
-from coa.difficulty import rejects, sample_closed_book, summary, task_stats, to_ask
+from coa.filters.difficulty import rejects, sample_closed_book, summary, task_stats, to_ask
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
 from coa.runtime import engine_dtype, engine_from

@@ -17,7 +17,7 @@ wrong answer: it is run again for `distill.retry_rounds` rounds with backoff; if
 `distill.max_error_share` of the tasks are still out, the stage exits 1 with a one-line message before
 writing anything, so DVC does not record it as done and the next `dvc repro` redoes just those tasks
 (the others come from the cache). Outages within the share are rejected as `teacher_error` and left out
-of teacher_accuracy (coa.teach.distill_tasks).
+of teacher_accuracy (coa.teacher.run.distill_tasks).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from transformers import AutoTokenizer
 import coa.teacher
 import coa.tools
 from coa.config import to_dict
-from coa.distill import jsonl, llamafactory_dataset_info, llamafactory_records, sharegpt_records
 from coa.eval.metrics import token_counter
 from coa.io import (
     first_per_domain,
@@ -45,7 +44,8 @@ from coa.io import (
     write_table,
 )
 from coa.prompts import render_prompt
-from coa.teach import TeacherOutage, distill_tasks, make_teacher
+from coa.teacher.run import TeacherOutage, distill_tasks, make_teacher
+from coa.teacher.trajectory import jsonl, llamafactory_dataset_info, llamafactory_records, sharegpt_records
 from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, TaskStats, Trajectory
 from schemas import Transcript as TranscriptSchema
 from stages._stage import Stage

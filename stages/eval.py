@@ -23,7 +23,7 @@ per model (--headline, `dvc metrics show`): coa.eval.plots. Promotion is not her
 
 The teacher runs first: an attempt whose team could not reach its backend (after the chat client's retries
 and `distill.retry_rounds` rounds) is not scored as a wrong answer, the stage exits 1 with one line naming
-the count and the fix (coa.teach.TeacherOutage), before any student is evaluated.
+the count and the fix (coa.teacher.run.TeacherOutage), before any student is evaluated.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from coa.io import first_per_domain, read_table, write_table
 from coa.model import load_tokenizer
 from coa.runtime import agent_limits, engine_dtype, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
-from coa.teach import TeacherOutage, make_teacher, teacher_rows
+from coa.teacher.run import TeacherOutage, make_teacher, teacher_rows
 from schemas import EVAL_DTYPES, EvalRow, Task
 from stages._stage import Stage
 

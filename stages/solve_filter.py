@@ -25,10 +25,10 @@ import polars as pl
 from coa.config import derive_seed
 from coa.device import compute_facts
 from coa.eval.evaluate import evaluate
+from coa.filters.solve import decide, select, summary
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
 from coa.runtime import agent_limits, engine_dtype, engine_from, judge_from, tools_factory
-from coa.solve_filter import decide, select, summary
 from schemas import TASK_STATS_DTYPES, Task, TaskStats, Trajectory
 from stages._stage import Stage
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from coa.difficulty import (
+from coa.filters.difficulty import (
     ANSWER_ENDS,
     closed_book_answer,
     closed_book_messages,
@@ -111,7 +111,7 @@ def test_stats_schema_rejects_more_correct_than_samples():
 
 
 def test_max_tasks_asks_the_first_of_each_domain_and_split_and_drops_the_rest_unchecked():
-    from coa.difficulty import rejects, summary, task_stats, to_ask
+    from coa.filters.difficulty import rejects, summary, task_stats, to_ask
 
     tasks = [{"task_id": f"{d}{s}{i}", "domain": d, "split": s, "question": "q", "answers": ["a"], "tests": []}
              for d in ("web", "math") for s in ("sft", "rl", "eval") for i in range(3)]

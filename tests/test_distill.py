@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from coa.distill import (
+from coa.format import check_transitions, extract_answer, parse
+from coa.teacher.trajectory import (
     Filters,
     filter_reason,
     linearise,
@@ -16,7 +17,6 @@ from coa.distill import (
     shape,
     sharegpt_records,
 )
-from coa.format import check_transitions, extract_answer, parse
 from coa.teacher.transcript import Message, Transcript
 
 FIXTURES = Path(__file__).parent / "fixtures" / "transcripts"
@@ -107,7 +107,7 @@ def test_exports_keep_observations_out_of_the_trained_turns():
 
 
 def test_a_trajectory_longer_than_the_agents_context_is_dropped_with_its_length():
-    from coa.distill import Filters, filter_reason
+    from coa.teacher.trajectory import Filters, filter_reason
 
     row = {"correct": True, "answer": "x", "domain": "math", "n_tool_calls": 1, "has_reflection": True}
     filters = Filters(require_correct=True, min_tool_calls={"math": 1}, web_requires_reflection=True,

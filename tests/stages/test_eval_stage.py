@@ -14,7 +14,7 @@ import yaml
 
 from coa.config import load_params
 from coa.eval.metrics import token_counter
-from coa.teach import TeacherOutage, make_teacher, teacher_rows
+from coa.teacher.run import TeacherOutage, make_teacher, teacher_rows
 from tests.fakes.chat_server import ChatServer
 from tests.rollout.scripted import make_tokenizer
 from tests.stages.test_distill_stage import N, free_port, write_inputs, write_params
@@ -29,7 +29,7 @@ def stage_dir(tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setattr("coa.teacher.chat.MAX_BACKOFF_S", 0.01)
-    monkeypatch.setattr("coa.teach.time.sleep", lambda s: None)  # the retry rounds' waits
+    monkeypatch.setattr("coa.teacher.run.time.sleep", lambda s: None)  # the retry rounds' waits
     return tmp_path
 
 

@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from coa.distill import linearise, shape
 from coa.format import check_transitions, parse
 from coa.rewards import check
 from coa.tasks.code import generate_code
@@ -15,6 +14,7 @@ from coa.tasks.web import generate_web
 from coa.teacher import TeamLimits, llm_team, run_team
 from coa.teacher.chat import ChatClient
 from coa.teacher.offline.agents import OfflineStyle, offline_team
+from coa.teacher.trajectory import linearise, shape
 from coa.tools import ToolSession, code_tool, crawl_tool, search_tool
 from coa.tools.sandbox import SandboxLimits
 from coa.tools.search import BM25Index

@@ -1,6 +1,6 @@
 """The teacher team at work: one attempt at a task (shared by distill and eval), and the distill run.
 
-    from coa.teach import make_teacher, teacher_attempt, distill_tasks
+    from coa.teacher.run import make_teacher, teacher_attempt, distill_tasks
     teacher = make_teacher(params.distill, params.common.tools, "data/index")
     transcript, correct = teacher_attempt(teacher, task, seed=derive_seed(seed, "eval", "teacher", task_id, "0"))
     result = distill_tasks(tasks, teacher, params.distill, seed, cache=".cache/distill", salt=..., count=count)
@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from coa.config import DistillConfig, ToolsConfig, derive_seed, to_dict
-from coa.distill import FILTERS, Filters, Shape, filter_reason, linearise, shape
 from coa.format import extract_answer
 from coa.progress import progress
 from coa.prompts import system_prompt
 from coa.rewards import check, f1, format_ok
 from coa.teacher import Team, TeamLimits, Transcript, run_team, team_factory
+from coa.teacher.trajectory import FILTERS, Filters, Shape, filter_reason, linearise, shape
 from coa.tools import ToolSession, build_tools
 
 log = logging.getLogger(__name__)
