@@ -143,7 +143,7 @@ def test_prefect_mlflow_and_dvc_plots_in_a_browser(servers, tmp_path):
 
             # dvc plots, offline: the page carries its libraries and draws the three plots
             from coa.eval.plots import plot_rows
-            from tests.test_plots import METRICS
+            from tests.eval.test_plots import METRICS
 
             shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
             shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")

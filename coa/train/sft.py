@@ -23,7 +23,7 @@ transformers: each sample of a packed row attends causally to itself through its
 ``scaled_dot_product_attention(is_causal=True)`` call, so no [T, T] mask is built and the cost is
 sum(L_i^2) instead of T^2; rows are collated without the 4D mask. ``attention="mask"`` is the
 reference path: coa.train.data's additive block-diagonal 4D mask through the model's own sdpa.
-Both give the same loss (tests/test_train.py).
+Both give the same loss (tests/train/test_sft.py).
 
 Precision. Float32 master weights; ``dtype: bfloat16`` autocasts the forward (CPU or CUDA).
 DeepSpeed (``cfg.deepspeed.enabled``): ZeRO stage 1-3 with its own bf16 mode, our AdamW (or DeepSpeed's

@@ -1,6 +1,6 @@
 """SFT training loop (coa.train.sft): loss, masking, weights, schedule, data order, exact resume.
 
-DeepSpeed runs of the same loop are in tests/test_zero.py; the tiny model and data in tests/tiny_sft.py.
+DeepSpeed runs of the same loop are in tests/train/test_zero.py; the tiny model and data in tests/train/tiny_sft.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from coa.train import data as sft
 from coa.train import kit as K
 from coa.train import sft as T
-from tests.tiny_sft import RESPONSES, cfg, make_tokenizer, records, tiny_model
+from tests.train.tiny_sft import RESPONSES, cfg, make_tokenizer, records, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO for the SFT loop (coa.train.zero): CPU runs on gloo (learning, ZeRO-3 == torch, exact resume,
-two ranks == one), the DeepSpeed config from params for SFT and RL, the paper preset (RL: tests/test_rl_zero.py)."""
+two ranks == one), the DeepSpeed config from params for SFT and RL, the paper preset (RL: tests/train/test_rl_zero.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from coa.config import DeepSpeedConfig, load_params
 from coa.train import zero as Z
 from coa.train.dapo.ranks import zero_settings as rl_zero_settings
 from coa.train.sft import zero_settings
-from tests.tiny_sft import cfg
+from tests.train.tiny_sft import cfg
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --------------------------------------------------------------------------- DeepSpeed (CPU, gloo)
@@ -62,7 +62,7 @@ def run_ds(tmp_path: Path, spec: dict, name: str, nproc: int = 1) -> tuple[dict 
 
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install -e .[train])")
     script = tmp_path / "ds_run.py"
-    script.write_text(DS_SCRIPT.format(tests=str(ROOT / "tests")))
+    script.write_text(DS_SCRIPT.format(tests=str(ROOT / "tests" / "train")))
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
     }

@@ -19,7 +19,7 @@ from coa.teacher.trajectory import (
 )
 from coa.teacher.transcript import Message, Transcript
 
-FIXTURES = Path(__file__).parent / "fixtures" / "transcripts"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "transcripts"
 FILTERS = Filters(True, {"web": 2, "math": 1, "code": 1}, True, True, 2.0)
 
 

@@ -2,8 +2,8 @@
 process takes on the same groups (ZeRO-2, ZeRO-3), the ZeRO-3 sync hands the rollout engine every weight one
 module at a time, a run killed after step 1 of 3 resumes to the same end, and the one-line errors.
 
-Each run is tests/rl_ranks.py: the scripted tiny Qwen2 in float32, the hf engine, a score that makes dynamic
-sampling keep some groups and drop others; ranks are launched as tests/test_zero.py does.
+Each run is tests/train/rl_ranks.py: the scripted tiny Qwen2 in float32, the hf engine, a score that makes dynamic
+sampling keep some groups and drop others; ranks are launched as tests/train/test_zero.py does.
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ import torch
 from coa.train import kit
 from coa.train.dapo.ranks import Ranks, check_checkpoint, check_launch
 from coa.train.zero import module_weights, zero3_loading
-from tests import rl_ranks
+from tests.train import rl_ranks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 METRICS = ("reward", "accuracy", "loss", "entropy", "clip_fraction", "grad_norm", "response_tokens", "lr")
 
 
 def run_rl(tmp: Path, spec: dict, name: str, nproc: int = 1, ckpt: Path | None = None) -> tuple[list[dict], Path]:
-    """Run tests/rl_ranks.py (``nproc`` gloo ranks); ([rank 0's report, rank 1's, ...], its output folder)."""
+    """Run tests/train/rl_ranks.py (``nproc`` gloo ranks); ([rank 0's report, rank 1's, ...], its output folder)."""
     if spec.get("zero"):
         pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install -e .[train])")
     out = tmp / name
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    args = [str(ROOT / "tests/rl_ranks.py"), json.dumps(spec), str(out), str(ckpt or tmp / f"ckpt-{name}")]
+    args = [str(ROOT / "tests/train/rl_ranks.py"), json.dumps(spec), str(out), str(ckpt or tmp / f"ckpt-{name}")]
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     proc = subprocess.run([*(launch if nproc > 1 else [sys.executable]), *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=600)

@@ -1,7 +1,7 @@
-"""One DAPO run of tests/test_rl_zero.py: one process, or one rank of a gloo launch.
+"""One DAPO run of tests/train/test_rl_zero.py: one process, or one rank of a gloo launch.
 
-    python tests/rl_ranks.py '{"zero": 0, "steps": 1}' OUT CKPT
-    python -m torch.distributed.run --standalone --nproc-per-node=2 tests/rl_ranks.py '{"zero": 3, ...}' OUT CKPT
+    python tests/train/rl_ranks.py '{"zero": 0, "steps": 1}' OUT CKPT
+    python -m torch.distributed.run --standalone --nproc-per-node=2 tests/train/rl_ranks.py '{"zero": 3, ...}' OUT CKPT
 
 The policy is tests/rollout/scripted.py's tiny Qwen2 in float32, rolled out by the hf engine; the score
 gives every third task's groups equal rewards (dynamic sampling drops them) and rewards the others' rollouts
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from coa.config import DeepSpeedConfig, load_params  # noqa: E402
