@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from coa.rollout.hf import HFEngine
     from coa.rollout.types import Sampling
     from coa.runtime import agent_limits, tools_factory
-    from coa.train.dapo import train_dapo
+    from coa.train.dapo import first_trainable_layer, train_dapo
 
     params = load_params(ROOT / "params.yaml")
     overrides = dict(kv.split("=", 1) for kv in args.set)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_pretrained(ROOT / args.policy)
     dtype = resolve_dtype(cfg.engine.dtype)
     policy = copy.deepcopy(model).to(dtype) if dtype != next(model.parameters()).dtype else model
-    engine = HFEngine(policy, tok, max_batch=cfg.engine.max_batch)
+    engine = HFEngine(policy, tok, max_batch=cfg.engine.max_batch, keep_hidden=first_trainable_layer(model, cfg))
     start = time.perf_counter()
     if args.filter_k:  # the solve filter, cached per policy and settings (every probe of a sizing study reuses it)
         key = hashlib.sha256(json.dumps([md5_path(ROOT / args.policy), [t["task_id"] for t in train], args.filter_k,

@@ -47,7 +47,7 @@ from coa.prompts import render_prompt
 from coa.rewards import RewardSpec, reward
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
-from coa.train.dapo import heldout_kl, train_dapo
+from coa.train.dapo import first_trainable_layer, heldout_kl, train_dapo
 from coa.train.dapo.ranks import check_launch, zero_settings
 from coa.train.kit import save_trained
 from coa.train.zero import zero3_loading
@@ -91,7 +91,10 @@ def main(argv: list[str] | None = None) -> None:
                 policy = load_pretrained(st.args.policy, rollout_dtype)[0].to(device)
             else:
                 policy = model if rollout_dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(rollout_dtype)
-            engine = tracked(HFEngine(policy, tok, max_batch=cfg.engine.max_batch), "hf rollouts of the RL policy")
+            # with rl.trainable_layers the rollouts keep the states entering the first trainable layer: the
+            # update starts there instead of running the frozen layers again (coa.train.dapo.update)
+            engine = tracked(HFEngine(policy, tok, max_batch=cfg.engine.max_batch,
+                                      keep_hidden=first_trainable_layer(model, cfg)), "hf rollouts of the RL policy")
         else:
             engine = engine_from(cfg.engine, st.args.policy)
             if not hasattr(engine, "sync"):

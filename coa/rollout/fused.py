@@ -140,14 +140,15 @@ class FusedDecoder:
         """The output head: hidden [S, H] (from :meth:`forward`) -> logits [S, V]."""
         return self.head(hidden.contiguous())
 
-    def forward(self, chunks: list[list[int]], step: PagedStep) -> torch.Tensor:
+    def forward(self, chunks: list[list[int]], step: PagedStep, keep: int | None = None) -> torch.Tensor:
         """Feed row s the tokens ``chunks[s]`` (the engine's step: ``step`` holds the rows' blocks, reserved for
         the new positions, and ``step.cached`` their positions so far). Returns the final norm's output at each
         row's last new token, [S, H] in the model's dtype. Call under torch.inference_mode().
 
         A decode step (one token per row) attends in C (:meth:`CpuKernels.decode_attention`); an ingest step
         writes its keys and values in C and attends row by row with torch (the row's cached positions and its
-        new tokens up to each one), so no batch is padded to its longest row."""
+        new tokens up to each one), so no batch is padded to its longest row. With ``keep`` = L the residual
+        stream entering layer L of every new token is left in ``self.kept`` ([N, H], rows in order)."""
         cache: PagedCache = step.cache
         lens = [len(c) for c in chunks]
         ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long)
@@ -165,6 +166,8 @@ class FusedDecoder:
         pending = None  # the previous sub-layer's output, added into x by the next norm
         for i, w in enumerate(self.layers):
             self.ops.add_rms_norm(x, pending, w["ln1"], self.eps, h)
+            if i == keep:  # x is now the residual stream entering layer i
+                self.kept = x.clone()
             qkv = w["qkv"](h)
             k_pool, v_pool = cache.pools(i, like)
             if decode:
@@ -182,6 +185,8 @@ class FusedDecoder:
             if not self.ops.silu_mul(gu, act):
                 act = F.silu(gu[:, :inner]) * gu[:, inner:]
             pending = w["down"](act)
+        if keep is not None and keep >= len(self.layers):
+            raise ValueError(f"keep={keep}: the model has {len(self.layers)} layers")
         last = torch.tensor(lens).cumsum(0) - 1  # each row's last new token
         x_last, out = x[last].contiguous(), torch.empty((len(lens), width), dtype=dtype)
         self.ops.add_rms_norm(x_last, pending[last].contiguous(), self.norm, self.eps, out)

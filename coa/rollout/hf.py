@@ -98,6 +98,7 @@ class _Row:
     tool_due: int = 0  # the step at which the tool's observation is fed (deterministic, see the docstring)
     group: Group | None = None  # while leading or waiting for a prompt shared with other requests
     finished: bool = False
+    hidden: list[torch.Tensor] = field(default_factory=list)  # keep_hidden: [n_i, H] per fed chunk, in order
 
 
 @dataclass
@@ -149,19 +150,22 @@ class HFEngine:
         identical prompts once (their other requests fork from the first); False computes every prompt.
     fused: decode steps through coa.rollout.fused.FusedDecoder where the model supports it (False: the
         transformers model for every step).
+    keep_hidden: L: every rollout carries the residual stream entering decoder layer L at each position fed
+        (``Rollout.hidden``), for an RL update that trains only the layers from L on; needs the fused decoder
+        (else ``hidden`` stays None).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32, max_chunk_tokens: int = 256,
                  tool_workers: int = 8, block_size: int = BLOCK_SIZE, share_prefix: bool = True,
                  min_shared_prefix: int = 16, tool_delay_steps: int = TOOL_DELAY_STEPS,
-                 fused: bool = True):
+                 fused: bool = True, keep_hidden: int | None = None):
         if min(max_batch, max_chunk_tokens, tool_workers, tool_delay_steps, block_size) < 1:
             raise ValueError("max_batch, max_chunk_tokens, tool_workers, tool_delay_steps and block_size must be >= 1")
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_chunk_tokens, self.block_size = max_batch, max_chunk_tokens, block_size
         self.tool_workers, self.tool_delay_steps = tool_workers, tool_delay_steps
         self.share_prefix, self.min_shared_prefix = share_prefix, max(1, min_shared_prefix)
-        self.fused = fused
+        self.fused, self.keep_hidden = fused, keep_hidden
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         self._texts = vocab_texts(tokenizer)
@@ -249,11 +253,12 @@ class HFEngine:
             for node, parent, tokens in level:
                 row = _Row(traj=None, generator=None, feed=tokens[parent.n : node.n])  # type: ignore[arg-type]
                 row.blocks, row.n = self._cache.share(parent.blocks, parent.n), parent.n
+                row.hidden = list(parent.hidden)
                 rows.append((node, row))
             while any(row.feed for _, row in rows):
                 self._forward([row for _, row in rows if row.feed], ingest=True)
             for node, row in rows:
-                node.blocks = row.blocks
+                node.blocks, node.hidden = row.blocks, row.hidden
         nodes = [node for level in plan.levels for node, _, _ in level]
         if nodes and not self._cache.k:  # a model without a KV cache has nothing to share
             for node in nodes:
@@ -342,6 +347,7 @@ class HFEngine:
                 group.leader = row
             if node is not None and node.n:
                 row.blocks, row.n, row.feed = self._cache.share(node.blocks, node.n), node.n, row.feed[node.n:]
+                row.hidden = list(node.hidden)
                 self.stats.prefix_tokens_reused += node.n
         for node in done:
             self._cache.release(node.blocks)
@@ -349,8 +355,8 @@ class HFEngine:
             return
         logits = []
         for group, row in forked:
-            blocks, last, n = group.snapshot
-            row.blocks, row.n = self._cache.share(blocks, n), n
+            blocks, last, n, hidden = group.snapshot
+            row.blocks, row.n, row.hidden = self._cache.share(blocks, n), n, list(hidden)
             logits.append(last)
             self.stats.prefix_tokens_reused += n
             self.stats.forks += 1
@@ -362,6 +368,8 @@ class HFEngine:
 
     def _finish(self, row: _Row) -> None:
         row.finished = True
+        if self.keep_hidden is not None and row.hidden and self._decoder is not None:
+            row.traj.out.hidden = torch.cat(row.hidden)
         self._cache.release(row.blocks)
         row.blocks = []
 
@@ -397,7 +405,10 @@ class HFEngine:
         lens = [len(c) for c in chunks]
         step = self._cache.step([row.blocks for row in members], [row.n for row in members], lens)
         if self._decoder is not None:
-            hidden = self._decoder.forward(chunks, step)
+            hidden = self._decoder.forward(chunks, step, keep=self.keep_hidden)
+            if self.keep_hidden is not None:
+                for row, part in zip(members, self._decoder.kept.split(lens), strict=True):
+                    row.hidden.append(part)
         else:
             t, s = max(lens), len(members)
             ids = torch.full((s, t), self.pad_id, dtype=torch.long)
@@ -432,13 +443,14 @@ class HFEngine:
             group.leader = None
             for w in group.waiting:
                 w.blocks, w.n, w.group = self._cache.share(row.blocks, row.n), row.n, None
+                w.hidden = list(row.hidden)
                 self.stats.prefix_tokens_reused += row.n
                 self.stats.forks += 1
             extra += group.waiting
             extra_logits += [k] * len(group.waiting)
             group.waiting = []
             if group.queued > 0:
-                group.snapshot = (self._cache.share(row.blocks, row.n), logits[k].clone(), row.n)
+                group.snapshot = (self._cache.share(row.blocks, row.n), logits[k].clone(), row.n, list(row.hidden))
         if extra:
             logits = torch.cat([logits, logits[torch.tensor(extra_logits, device=self.device)]])
         self._sample_and_push(targets + extra, logits, sampling, pool)

@@ -35,7 +35,7 @@ class Group:
     queued: int  # members not admitted yet
     leader: Any = None  # the member (an engine row) ingesting the prompt
     waiting: list[Any] = field(default_factory=list)  # admitted members waiting for the leader's prompt
-    snapshot: tuple[list[int], torch.Tensor, int] | None = None
+    snapshot: tuple[list[int], torch.Tensor, int, list[torch.Tensor]] | None = None  # + the leader's kept hidden
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Prefix:
     n: int
     blocks: list[int]
     queued: int = 0
+    hidden: list[torch.Tensor] = field(default_factory=list)  # the engine's keep_hidden states of its n positions
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 # Why a trajectory ended (Rollout.finish).
 FINISH_ANSWER = "answer"  # the policy closed </answer>
@@ -111,6 +111,9 @@ class Rollout:
     text: decode(response_ids); ``decode(prompt_ids + response_ids) == prompt + text``
     n_turns: policy turns; n_tool_calls: tools run; finish: one of FINISH_REASONS;
     answer: ``coa.format.extract_answer(text)`` (None without a closed <answer>)
+    hidden: with the hf engine's ``keep_hidden=L``, the residual stream entering decoder layer L at every
+        position the engine fed, [P + R - 1, H] in the model's dtype (the last token is never fed): what an
+        update that trains only the layers from L on needs from the frozen ones below (coa.train.dapo)
     """
 
     key: str
@@ -123,6 +126,7 @@ class Rollout:
     n_tool_calls: int = 0
     finish: str = ""
     answer: str | None = None
+    hidden: Any = None
 
     @property
     def n_policy_tokens(self) -> int:

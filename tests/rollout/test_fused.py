@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from coa.rollout import Sampling
 from coa.rollout.fused import FusedDecoder, unsupported
 from coa.rollout.hf import HFEngine
 from coa.rollout.kernel import cpu_kernels
@@ -119,3 +120,25 @@ def test_fused_decoder_reads_updated_weights(tok, requests_of):
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
         n = min(len(a.logprobs), len(c.logprobs))
         assert not torch.allclose(torch.tensor(a.logprobs[:n]), torch.tensor(c.logprobs[:n]), atol=1e-3)
+
+
+def test_kept_hidden_states_are_the_models_own_at_every_fed_position(web_model, tok):
+    """keep_hidden=L: each rollout carries the residual stream entering layer L at every position the engine
+    fed (all but the last token), equal to the model's own hidden_states[L] over the same tokens; forked
+    samples and rows that start from a shared prefix included."""
+    from tests.rollout.test_prefix import n_samples
+
+    requests = n_samples(tok, 2, 3)  # 2 questions x 3 samples: forks, and a prefix shared by both prompts
+    engine = HFEngine(web_model, tok, max_batch=4, keep_hidden=1)
+    rollouts = engine.rollout(requests, Sampling(temperature=1.0, seed=2), LIMITS, Recorder())
+    assert engine.stats.forks > 0 and engine.stats.shared_prefix > 0
+    for r in rollouts:
+        ids = r.prompt_ids + r.response_ids
+        assert r.hidden is not None and r.hidden.shape == (len(ids) - 1, web_model.config.hidden_size)
+        with torch.no_grad():
+            want = web_model(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states[1][0]
+        assert torch.allclose(r.hidden, want, atol=1e-4), (r.hidden - want).abs().max()
+    plain = HFEngine(web_model, tok, max_batch=4).rollout(requests, Sampling(temperature=1.0, seed=2), LIMITS,
+                                                          Recorder())
+    assert all(p.hidden is None for p in plain)
+    assert [p.response_ids for p in plain] == [r.response_ids for r in rollouts]

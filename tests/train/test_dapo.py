@@ -194,3 +194,44 @@ def test_one_mini_batch_reuses_the_updates_forward_for_the_old_logprobs(tok):
         assert torch.equal(pa, model.state_dict()[name]) == frozen, name  # only the top layer and head moved
     for key in ("loss", "entropy", "clip_fraction", "policy_tokens_trained"):
         assert out_a[key] == pytest.approx(out_b[key], rel=1e-5, abs=1e-7), key
+
+
+def test_a_top_layers_update_starts_from_the_engines_states(tok):
+    """rl.trainable_layers = 1 and rollouts that carry the engine's residual stream entering that layer
+    (keep_hidden): the update runs only the top layer (the embeddings and the frozen layer never run) and
+    moves the weights as the full forward does, two mini-batches (the no-grad pass for old log-probs) included.
+    (Plain SGD: Adam's first steps are nearly sign(grad) and would magnify the engine's rounding.)"""
+    import dataclasses
+
+    from coa.rollout.types import Request, Sampling
+    from coa.train.dapo import _update
+    from coa.train.kit import attention_impl, set_trainable
+
+    model = scripted_qwen2(tok, WEB_SCRIPT)
+    requests = [Request(f"q{i}", render_prompt(tok, t["question"], "web"), "web") for i, t in enumerate(TASKS)]
+    rollouts = HFEngine(model, tok, max_batch=8, keep_hidden=1).rollout(requests, Sampling(temperature=1.0, seed=3),
+                                                                        LIMITS, Recorder())
+    assert all(r.hidden is not None for r in rollouts)
+    advantages = [1.0, -1.0, 0.5, -0.5, 1.0, -1.0]
+    cfg = _cfg(mini_batches=2, lr=1e-2, trainable_layers=1)
+    moved = []
+    for keep in (True, False):
+        batch = [(r if keep else dataclasses.replace(r, hidden=None), a) for r, a in zip(rollouts, advantages, strict=True)]
+        m = scripted_qwen2(tok, WEB_SCRIPT)
+        set_trainable(m, 1)
+        calls: list[int] = []
+        hook = m.model.embed_tokens.register_forward_hook(lambda *_, seen=calls: seen.append(1))
+        opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=1.0)
+        with attention_impl(m, "varlen"):
+            out = _update(m, None, opt, batch, cfg, tok.pad_token_id, torch.device("cpu"), None, 0, 0)
+        hook.remove()
+        moved.append((m, out, len(calls)))
+    (a, out_a, calls_a), (b, out_b, calls_b) = moved
+    assert calls_a == 0 and calls_b > 0
+    changed = 0
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.allclose(pa, pb, atol=1e-4), (name, (pa - pb).abs().max())
+        changed += not torch.equal(pa, model.state_dict()[name])
+    assert changed > 0
+    for key in ("loss", "entropy", "clip_fraction", "policy_tokens_trained"):
+        assert out_a[key] == pytest.approx(out_b[key], rel=1e-4, abs=1e-6), key

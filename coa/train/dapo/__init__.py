@@ -43,8 +43,8 @@ from coa.train.dapo.loss import (
     policy_loss,
     token_logprobs,
 )
-from coa.train.dapo.update import _update, heldout_kl, policy_logprobs
+from coa.train.dapo.update import _update, first_trainable_layer, heldout_kl, policy_logprobs
 
-__all__ = ["PLOT_KEYS", "DapoResult", "LogFn", "Score", "_update", "clip_fraction", "entropy", "group_advantages",
-           "heldout_kl", "keep_groups", "kl_k3", "masked_mean", "policy_logprobs", "policy_loss", "task_stream",
+__all__ = ["PLOT_KEYS", "DapoResult", "LogFn", "Score", "_update", "clip_fraction", "entropy",
+           "first_trainable_layer", "group_advantages", "heldout_kl", "keep_groups", "kl_k3", "masked_mean", "policy_logprobs", "policy_loss", "task_stream",
            "token_logprobs", "train_dapo"]

@@ -2,6 +2,12 @@
 
     metrics = _update(model, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype, seed, step)
     kl = heldout_kl(policy, reference, rollouts, temperature, pad_id)
+
+With ``rl.trainable_layers`` = N only the top N decoder layers train, and the layers below are the same
+frozen weights the rollout engine ran: when every rollout carries the engine's residual stream entering the
+first trainable layer (``Rollout.hidden``: the hf engine's ``keep_hidden``), the update starts there
+(:func:`_forward_top`) instead of running the frozen layers again; its forward and backward then cost the
+top N layers only (the same update up to the engine's rounding: tests/train/test_dapo.py).
 """
 
 from __future__ import annotations
@@ -47,6 +53,30 @@ def _forward(model: Any, examples: Sequence[Example], row: list[int], pad_id: in
     return logits, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
 
 
+def _forward_top(model: Any, examples: Sequence[Example], states: Sequence[torch.Tensor], row: list[int],
+                 pad_id: int, dev: torch.device, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As :func:`_forward`, from the residual stream entering decoder layer ``start`` instead of the token ids:
+    ``states[i]`` is example i's, [len(example) - 1, H] (its last token is never an input a target reads).
+    Needs the decoder at ``model.model`` (layers, rotary_emb, norm)."""
+    width = sum(len(examples[i]) for i in row)
+    batch = kit.collate_rows(examples, [row], width, pad_id).to(dev)
+    inner = model.model
+    hidden = torch.zeros((1, width, inner.norm.weight.shape[0]), dtype=torch.float32, device=dev)
+    at = 0
+    for i in row:
+        hidden[0, at : at + len(examples[i]) - 1] = states[i].to(dev, torch.float32)
+        at += len(examples[i])
+    target = batch.labels[:, 1:] != kit.IGNORE_INDEX  # [1, T-1]: token t+1 is a target
+    position_embeddings = inner.rotary_emb(hidden, batch.position_ids)
+    segments = kit.segments(batch)
+    for layer in inner.layers[start:]:
+        hidden = layer(hidden, attention_mask=None, position_ids=batch.position_ids,
+                       position_embeddings=position_embeddings, coa_segments=segments)
+    hidden = inner.norm(hidden[:, :-1][target])  # [N, H]: the positions a target follows
+    logits = model.get_output_embeddings()(hidden)
+    return logits, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
+
+
 class _Plain:
     """The update's optimizer in one process: ``backward`` per row, ``step`` per mini-batch (clip, AdamW)."""
 
@@ -80,6 +110,14 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     ranks = ranks or Ranks.single()
     trainer = optimizer if hasattr(optimizer, "backward") else _Plain(model, optimizer, cfg.grad_clip)
     examples = [_example(r) if r is not None else None for r, _ in batch]
+    start = _kept_layer(model, batch, cfg) if ranks.world == 1 and ref_model is None else None
+    states = [r.hidden if r is not None else None for r, _ in batch] if start is not None else None
+
+    def forward(row: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if states is None:
+            return _forward(model, examples, row, pad_id, dev)
+        return _forward_top(model, examples, states, row, pad_id, dev, start)
+
     adv = torch.tensor([a for _, a in batch], dtype=torch.float32, device=dev)
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + step)).tolist()
     minis: list[list[list[int] | None]] = list(_micro_batches(examples, order, cfg.mini_batches, cfg.row_tokens))
@@ -113,7 +151,7 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
                     if row is None:
                         _forward(model, filler, [0], pad_id, dev)
                         continue
-                    logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
+                    logits, tgt, seg = forward(row)
                     old[b, m] = token_logprobs(logits, tgt, cfg.temperature)
                     observe(logits, tgt, old[b, m], row)
                     if ref_model is not None:
@@ -131,7 +169,7 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
                 trainer.backward(logits.float().sum() * 0.0)
                 continue
             with kit.autocast(dev, autocast_dtype):
-                logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
+                logits, tgt, seg = forward(row)
             lp = token_logprobs(logits, tgt, cfg.temperature)[None]
             if on_policy:
                 with torch.no_grad():
@@ -158,6 +196,27 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     if ref_model is not None and cfg.kl_coef > 0:
         out["kl"] = kl_sum / n
     return out
+
+
+def first_trainable_layer(model: Any, cfg: Any) -> int | None:
+    """The layer the update can start from (``Rollout.hidden`` entering it; the hf engine's ``keep_hidden``):
+    with ``rl.trainable_layers`` = N < the model's layers, in one process, the first of the top N; else None."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not cfg.trainable_layers or layers is None or cfg.trainable_layers >= len(layers) or cfg.deepspeed.enabled:
+        return None
+    return len(layers) - cfg.trainable_layers
+
+
+def _kept_layer(model: Any, batch: list[tuple[Rollout | None, float]], cfg: Any) -> int | None:
+    """The first trainable layer when the update may start there: the top ``cfg.trainable_layers`` train and
+    every rollout carries the engine's states entering that layer (one per fed position); else None."""
+    start = first_trainable_layer(model, cfg)
+    if start is None:
+        return None
+    for r, _ in batch:
+        if r is None or r.hidden is None or r.hidden.shape[0] != len(r.prompt_ids) + len(r.response_ids) - 1:
+            return None
+    return start
 
 
 def policy_logprobs(model: Any, rollouts: Sequence[Rollout], temperature: float, pad_id: int,
