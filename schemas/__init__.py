@@ -1,4 +1,4 @@
-"""Pandera (polars) schemas: one DataFrameModel per artifact (see DESIGN.md, "How data flows").
+"""Pandera (polars) schemas: one DataFrameModel per artifact (docs/design.md, "How data flows").
 
     from schemas import Task
     Task.validate(df, lazy=True)      # raises SchemaErrors listing every failure

@@ -1,8 +1,9 @@
 """sft: observation-masked fine-tuning of the base policy on the distilled trajectories -> models/sft/.
 
     dvc repro sft
-    python -m stages.sft --trajectories data/trajectories.parquet --base models/base \\
-        --checkpoints .cache/sft --out models/sft --metrics metrics/sft.json --plots plots/sft_loss.json
+    python -m stages.sft --trajectories data/trajectories.parquet --heldout data/heldout.parquet \\
+        --base models/base --checkpoints .cache/sft --out models/sft --metrics metrics/sft.json \\
+        --plots plots/sft_loss.json
 
 Each trajectory is trained as render_prompt(question, domain) + trajectory + eos; the loss falls on the
 policy's own tokens only (coa.train.data), weighted by the trajectory's weight. The training loop is

