@@ -175,7 +175,7 @@ class HFEngine:
     def sync(self, trained: Any) -> None:
         """Take the weights of ``trained`` (the same architecture, any dtype): RL trains float32 master weights
         and rolls out a copy in the engine's dtype (bf16 where native). A no-op when it is this engine's model.
-        ``trained`` may also be chunks of (name, tensor), as coa.zero.module_weights yields them (DeepSpeed
+        ``trained`` may also be chunks of (name, tensor), as coa.train.zero.module_weights yields them (DeepSpeed
         ZeRO-3's shards gathered one module at a time): each is copied as it comes; every parameter must come."""
         if trained is self.model:
             return

@@ -15,7 +15,7 @@ turn at a time (:meth:`Trajectory.push_turn`). The policy's tokens are appended 
 re-tokenised); only the observation text is tokenised, alone (``add_special_tokens=False``), and appended
 as ``"\\n<observation>" + obs + "</observation>\\n"``, the join ``coa.format.render`` puts between blocks,
 so rollouts read like the SFT data. The runtime's two join newlines are part of the masked observation
-tokens (the policy did not write them); ``coa.sft.encode_example`` counts them as targets instead.
+tokens (the policy did not write them); ``coa.train.data.encode_example`` counts them as targets instead.
 
 Stops: the eos ids (tokenizer and generation config), the format's :data:`coa.format.STOP_STRINGS`
 (closing tool tags and ``</answer>``) and the caller's extra strings. A stop string that is one token

@@ -110,7 +110,7 @@ class VLLMEngine:
         step just updated) into the engine, and drop the prefix cache computed with the old weights.
         Tensor parallelism 1; runs the load on the engine's worker (``LLM.collective_rpc``).
 
-        ``model`` may also be chunks of (name, tensor), as coa.zero.module_weights yields them (DeepSpeed
+        ``model`` may also be chunks of (name, tensor), as coa.train.zero.module_weights yields them (DeepSpeed
         ZeRO-3's shards gathered one module at a time): each chunk goes to the worker as it comes, so no full
         copy is ever gathered; the model's own loader maps the names and takes any subset (vLLM's RLHF
         pattern). That path does not redo post-load processing (the CPU build repacks weights after a
