@@ -7,7 +7,7 @@
 The validation slice is the last ``--val`` rl-split tasks of each domain (by task_id), never the eval split
 and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
 those the difficulty stage kept). ``--filter-k K`` runs the solve filter first (K rollouts per pool task at
-the RL temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage does. RL is the rl stage's
+the solve filter's temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage does. RL is the rl stage's
 own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value``, rollouts
 from a copy in the engine's dtype, the reward of coa.rewards.reward. Then SFT (cached per policy and
 settings under .cache/bench-rl) and the RL policy are evaluated on the validation slice the way the eval
@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=16, help="RL pool: first N rl-split tasks per domain")
     ap.add_argument("--val", type=int, default=20, help="validation: last N rl-split tasks per domain")
     ap.add_argument("--filter-k", type=int, default=0, help="solve filter rollouts per pool task (0: none)")
+    ap.add_argument("--filter-temperature", type=float, default=None,
+                    help="the solve filter's temperature (default: params.yaml's solve_filter.temperature)")
     ap.add_argument("--set", action="append", default=[], help="rl.KEY=VALUE override (repeatable)")
     ap.add_argument("--eval-temperature", type=float, default=0.0)
     ap.add_argument("--eval-k", type=int, default=1)
@@ -124,14 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     policy = copy.deepcopy(model).to(dtype) if dtype != next(model.parameters()).dtype else model
     engine = HFEngine(policy, tok, max_batch=cfg.engine.max_batch, keep_hidden=first_trainable_layer(model, cfg))
     start = time.perf_counter()
+    filter_t = params.solve_filter.temperature if args.filter_temperature is None else args.filter_temperature
     if args.filter_k:  # the solve filter, cached per policy and settings (every probe of a sizing study reuses it)
         key = hashlib.sha256(json.dumps([md5_path(ROOT / args.policy), [t["task_id"] for t in train], args.filter_k,
-                                         cfg.temperature, cfg.top_p]).encode()).hexdigest()[:16]
+                                         filter_t, cfg.top_p]).encode()).hexdigest()[:16]
         cached = ROOT / ".cache/bench-rl" / f"filter-{key}.json"
         if cached.exists():
             solved = json.loads(cached.read_text())
         else:
-            result = evaluate(engine, train, args.filter_k, Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+            result = evaluate(engine, train, args.filter_k, Sampling(temperature=filter_t, top_p=cfg.top_p,
                                                                       seed=seed + 1), limits, tools)
             solved = {}
             for r in result.rows:

@@ -24,16 +24,17 @@ def reference(q, k_pool, v_pool, table, lens, scale):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim,group", [(64, 3), (32, 2), (64, 1)])  # 64: the vector path; 32: the plain loops
-def test_decode_kernel_equals_sdpa_over_each_rows_blocks(dtype, head_dim, group):
+@pytest.mark.parametrize("bs,lens", [(4, [1, 5, 28, 13, 17]), (16, [1, 17, 112, 16, 33])])  # 16: the engine's blocks
+def test_decode_kernel_equals_sdpa_over_each_rows_blocks(dtype, head_dim, group, bs, lens):
     kernel = decode_kernel()
     if kernel is None:
         pytest.skip("no C compiler: the engine uses torch's attention (tested by the engine tests)")
     gen = torch.Generator().manual_seed(0)
-    rows, kv_heads, bs, nb = 5, 2, 4, 7
+    rows, kv_heads, nb = 5, 2, 7
     k_pool = torch.randn(rows * nb + 3, kv_heads, bs, head_dim, generator=gen).to(dtype)
     v_pool = torch.randn(rows * nb + 3, kv_heads, bs, head_dim, generator=gen).to(dtype)
     table = torch.randperm(rows * nb + 3, generator=gen)[: rows * nb].reshape(rows, nb).to(torch.int32)
-    lens = torch.tensor([1, 5, 28, 13, 17], dtype=torch.int32)  # a lone position, partial and full blocks
+    lens = torch.tensor(lens, dtype=torch.int32)  # a lone position, partial and full blocks
     q = torch.randn(rows, kv_heads * group, head_dim, generator=gen).to(dtype)
     got = kernel(q, k_pool, v_pool, table, lens, 0.3)
     want = reference(q, k_pool, v_pool, table, lens, 0.3)

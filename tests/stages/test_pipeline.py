@@ -302,8 +302,8 @@ def test_eval_scores_every_model_and_writes_metrics_and_plots(smoke_repo):
 
     rows = read_table(smoke_repo / "data/eval.parquet", EvalRow)
     m = yaml.safe_load((smoke_repo / "metrics/eval.json").read_text())
-    assert set(rows["model"]) == set(m) - RUN_FACTS - {"policy_tokens_per_s", "rl_vs_sft"} == {"base", "sft", "rl", "teacher"}
-    assert m["policy_tokens_per_s"] > 0 and m["sft"]["policy_tokens_per_s"] > 0
+    assert set(rows["model"]) == set(m) - RUN_FACTS - {"policy_tokens_per_s", "rl_vs_sft", "engine"} == {"base", "sft", "rl", "teacher"}
+    assert m["policy_tokens_per_s"] > 0 and set(m["engine"]) == {"base", "sft", "rl"}  # decode steps priced by bench/rollout.py and m["sft"]["policy_tokens_per_s"] > 0
     paired = m["rl_vs_sft"]  # RL against SFT on the same tasks and samples
     assert paired["ci_low"] <= paired["accuracy_diff"] <= paired["ci_high"]
     assert paired["attempts"] == rows.filter((pl.col("model") == "sft") & (pl.col("group") == "eval")).height
