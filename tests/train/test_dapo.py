@@ -88,7 +88,8 @@ def test_task_stream_is_a_seeded_chain_of_permutations():
 def _cfg(**over):
     base = load_params().rl
     cfg = replace(base, steps=4, prompts_per_step=4, rollouts_per_prompt=4, max_gen_batches=2, mini_batches=2,
-                  row_tokens=512, lr=3e-3, warmup_steps=0, checkpoint_every=2, dtype="float32", overlong_buffer=0)
+                  row_tokens=512, lr=3e-3, warmup_steps=0, checkpoint_every=2, dtype="float32", overlong_buffer=0,
+                  trainable_layers=0, format_penalty=0.0)  # every layer, whatever params.yaml ships
     return replace(cfg, **over)
 
 
