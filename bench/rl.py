@@ -102,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     from coa.io import md5_path
     from coa.model import load_pretrained, save_pretrained
     from coa.prompts import render_prompt
-    from coa.rewards import RewardSpec, reward
+    from coa.rewards import RewardSpec
     from coa.rollout.hf import HFEngine
     from coa.rollout.types import Sampling
     from coa.runtime import agent_limits, tools_factory
-    from coa.train.dapo import first_trainable_layer, train_dapo
+    from coa.train.dapo import first_trainable_layer, reward_score, train_dapo
 
     params = load_params(ROOT / "params.yaml")
     overrides = dict(kv.split("=", 1) for kv in args.set)
@@ -150,11 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.filter_only:
         return 0
 
-    spec = RewardSpec.of(cfg, limits.max_total_tokens)
-
-    def score(task, rollout):
-        r = reward(task, rollout.text, rollout.answer, len(rollout.prompt_ids) + len(rollout.response_ids), spec)
-        return r.total, r.correct
+    score = reward_score(RewardSpec.of(cfg, limits.max_total_tokens))
 
     start = time.perf_counter()
     result = train_dapo(model, tok, train, cfg, engine=engine, limits=limits, tools_factory=tools, score=score,

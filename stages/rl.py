@@ -44,10 +44,10 @@ from coa.io import first_per_domain, md5_path, read_table, write_json
 from coa.model import load_pretrained
 from coa.progress import tracked
 from coa.prompts import render_prompt
-from coa.rewards import RewardSpec, reward
+from coa.rewards import RewardSpec
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
-from coa.train.dapo import first_trainable_layer, heldout_kl, train_dapo
+from coa.train.dapo import first_trainable_layer, heldout_kl, reward_score, train_dapo
 from coa.train.dapo.ranks import check_launch, zero_settings
 from coa.train.kit import save_trained
 from coa.train.zero import zero3_loading
@@ -104,10 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         spec = RewardSpec.of(cfg, agent.max_total_tokens)
         judge = judge_from(st.params.common.judge)
 
-        def score(task: dict, rollout) -> tuple[float, bool]:
-            n_tokens = len(rollout.prompt_ids) + len(rollout.response_ids)
-            r = reward(task, rollout.text, rollout.answer, n_tokens, spec, judge)
-            return r.total, r.correct
+        score = reward_score(spec, judge)
 
         def log_step(step: int, metrics: dict[str, float]) -> None:
             st.run.log_metrics({"train": metrics}, step=step)

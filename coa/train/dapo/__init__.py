@@ -32,7 +32,7 @@ across the ranks of a launcher under DeepSpeed ZeRO, ``rl.deepspeed``: groups sp
 equal to one process's).
 """
 
-from coa.train.dapo.loop import PLOT_KEYS, DapoResult, LogFn, Score, task_stream, train_dapo
+from coa.train.dapo.loop import PLOT_KEYS, DapoResult, LogFn, Score, reward_score, task_stream, train_dapo
 from coa.train.dapo.loss import (
     clip_fraction,
     entropy,
@@ -46,5 +46,5 @@ from coa.train.dapo.loss import (
 from coa.train.dapo.update import _update, first_trainable_layer, heldout_kl, policy_logprobs
 
 __all__ = ["PLOT_KEYS", "DapoResult", "LogFn", "Score", "_update", "clip_fraction", "entropy",
-           "first_trainable_layer", "group_advantages", "heldout_kl", "keep_groups", "kl_k3", "masked_mean", "policy_logprobs", "policy_loss", "task_stream",
+           "first_trainable_layer", "group_advantages", "heldout_kl", "keep_groups", "kl_k3", "masked_mean", "policy_logprobs", "policy_loss", "reward_score", "task_stream",
            "token_logprobs", "train_dapo"]

@@ -26,6 +26,19 @@ from coa.train.zero import deepspeed_full_model, module_weights
 log = logging.getLogger(__name__)
 
 Score = Callable[[dict[str, Any], Rollout], tuple[float, bool]]  # (task, rollout) -> (reward, correct)
+
+
+def reward_score(spec: Any, judge: Any = None) -> Score:
+    """The ``score`` of coa.rewards.reward under ``spec`` (coa.rewards.RewardSpec) and ``judge``: the rl stage's
+    and bench/rl.py's."""
+    from coa.rewards import reward
+
+    def score(task: dict[str, Any], rollout: Rollout) -> tuple[float, bool]:
+        n_tokens = len(rollout.prompt_ids) + len(rollout.response_ids)
+        r = reward(task, rollout.text, rollout.answer, n_tokens, spec, judge)
+        return r.total, r.correct
+
+    return score
 LogFn = Callable[[int, dict[str, float]], None]
 
 
