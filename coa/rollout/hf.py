@@ -35,13 +35,23 @@ reference), kept until the last member is admitted. ``Stats`` counts the prefix,
 and the forks.
 
 A row that closes a tool tag is parked while its tool runs in a thread pool; the other rows go on
-decoding, and the row ingests ``[its last token] + observation`` at a fixed step: ``tool_delay_steps``
-forward steps after the one that closed the tag (the engine waits for the tool there if it is still
-running; when every row waits, the step count jumps to the earliest due row). Which rows share a step
-therefore depends on the tokens alone, never on how long a tool took, so the same seed gives the same
-batches, the same float rounding and the same rollouts run after run. The price: a tool slower than
-the delay stalls the batch while the engine waits for it (a local search returns within two steps; a
-sandboxed program may take several, and a larger delay then trades waiting for rows idling).
+decoding, and the row ingests ``[its last token] + observation`` at its due step: ``tool_delay_steps``
+forward steps after the one that closed the tag (when every row waits, the step count jumps to the
+earliest due row). What happens when the tool is still running at that step is ``tool_grace_s``'s:
+
+* None (the default): the engine waits for it there. Which rows share a step then depends on the tokens
+  alone, never on how long a tool took, so the same seed gives the same batches, the same float rounding
+  and the same rollouts run after run. The price: a tool slower than the delay stalls the whole batch for
+  as long as it runs (a local search returns within two steps; a sandboxed program may take seconds).
+* a number of seconds: the engine waits at most that long past the due step (for all the rows due at that
+  step together); a tool still running then is late (``Stats.late_tools``): its row stays parked, the
+  other rows go on, and it ingests at the first step after its tool is done. When every row waits on a
+  late tool, the engine waits for the first of them to finish. A slow tool then stalls only its own
+  trajectory; a tool that is done by its due step plus the grace changes nothing (the same batches and
+  rollouts as with None). A late tool's row joins a step that depends on timing, so the batches, and with
+  them the float rounding of its and other rows' log-probs, may differ from run to run; a row's tokens
+  come from its own seeded generator and change only where rounding flips a draw (typically never with
+  greedy sampling).
 
 Sampling: per-row ``torch.Generator`` seeded from ``(sampling.seed, request.key)``; temperature, top-k
 and top-p; log-probs are ``log_softmax(logits / temperature)`` of the sampled token over the whole
@@ -62,7 +72,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +106,7 @@ class _Row:
     ingesting: bool = True  # feed is a prompt or an observation (else: one sampled token)
     tool: Future | None = None
     tool_due: int = 0  # the step at which the tool's observation is fed (deterministic, see the docstring)
+    late: bool = False  # the tool was still running past its due step and the grace: fed once it is done
     group: Group | None = None  # while leading or waiting for a prompt shared with other requests
     finished: bool = False
     hidden: list[torch.Tensor] = field(default_factory=list)  # keep_hidden: [n_i, H] per fed chunk, in order
@@ -113,7 +124,9 @@ class Stats:
     pools held; kv_peak_positions: the most positions its blocks held at once. decode_batches: how many
     decode steps ran with each number of rows; decode_positions: cached positions the decode steps' rows
     attended to, summed over steps and rows (with the layers' key and value sizes, the bytes the decode
-    attention read): what a floor for these steps is computed from (bench/rollout.py).
+    attention read): what a floor for these steps is computed from (bench/rollout.py). tool_wait_s: seconds
+    the engine waited for tools with no step to run; late_tools: tool calls still running past their due step
+    and ``tool_grace_s`` (their rows joined later, at a step that depended on timing; 0 with tool_grace_s None).
     """
 
     steps: int = 0
@@ -129,6 +142,7 @@ class Stats:
     decode_batches: dict[int, int] = field(default_factory=dict)
     decode_positions: int = 0
     tool_wait_s: float = 0.0
+    late_tools: int = 0
     wall_s: float = 0.0
 
     @property
@@ -144,8 +158,12 @@ class HFEngine:
         weights: each call runs it in eval mode and restores its mode after); tokenizer: its tokenizer.
     max_batch: most trajectories active together; max_chunk_tokens: most tokens one row ingests per step;
     tool_workers: threads running tools; block_size: positions per KV block.
-    tool_delay_steps: forward steps between a tool call and the step that feeds its observation (the engine
-        waits there for a slower tool); about a tool's latency in steps keeps both the waits and idle rows short.
+    tool_delay_steps: forward steps between a tool call and the step that feeds its observation (its due step);
+        about a tool's latency in steps keeps both the waits and idle rows short.
+    tool_grace_s: how long the engine waits, past a row's due step, for a tool still running. None: as long as
+        it takes (the schedule depends on the tokens alone: reproducible, but a slow tool stalls the batch); a
+        number: a tool still running then is late, its row waits alone and joins once the tool is done (a slow
+        tool stalls only its own trajectory; the schedule then depends on timing). See the module docstring.
     share_prefix: prefill the prompts' common prefix once (when at least ``min_shared_prefix`` tokens) and
         identical prompts once (their other requests fork from the first); False computes every prompt.
     fused: decode steps through coa.rollout.fused.FusedDecoder where the model supports it (False: the
@@ -158,12 +176,14 @@ class HFEngine:
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32, max_chunk_tokens: int = 256,
                  tool_workers: int = 8, block_size: int = BLOCK_SIZE, share_prefix: bool = True,
                  min_shared_prefix: int = 16, tool_delay_steps: int = TOOL_DELAY_STEPS,
-                 fused: bool = True, keep_hidden: int | None = None):
+                 tool_grace_s: float | None = None, fused: bool = True, keep_hidden: int | None = None):
         if min(max_batch, max_chunk_tokens, tool_workers, tool_delay_steps, block_size) < 1:
             raise ValueError("max_batch, max_chunk_tokens, tool_workers, tool_delay_steps and block_size must be >= 1")
+        if tool_grace_s is not None and not tool_grace_s >= 0:
+            raise ValueError(f"tool_grace_s must be None or >= 0 seconds, got {tool_grace_s}")
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_chunk_tokens, self.block_size = max_batch, max_chunk_tokens, block_size
-        self.tool_workers, self.tool_delay_steps = tool_workers, tool_delay_steps
+        self.tool_workers, self.tool_delay_steps, self.tool_grace_s = tool_workers, tool_delay_steps, tool_grace_s
         self.share_prefix, self.min_shared_prefix = share_prefix, max(1, min_shared_prefix)
         self.fused, self.keep_hidden = fused, keep_hidden
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -303,10 +323,16 @@ class HFEngine:
                     self.stats.decode_steps += 1
                 self._clock += 1
             else:  # every row waits for a tool (or was just admitted and finished at once): skip to the first due
-                due = [r.tool_due for r in rows if r.tool is not None]
+                due = [r.tool_due for r in rows if r.tool is not None and not r.late]
                 if due:
                     self._clock = max(self._clock, min(due))
                     self._collect_tools(rows)
+                else:  # only late tools, none done yet: wait for the first to finish (fed at the next collect)
+                    late = [r.tool for r in rows if r.tool is not None]
+                    if late:
+                        t0 = time.perf_counter()
+                        wait(late, return_when=FIRST_COMPLETED)
+                        self.stats.tool_wait_s += time.perf_counter() - t0
             self.stats.steps += 1
 
     def _admit(self, queue: deque, rows: list[_Row], sampling: Sampling, pool: ThreadPoolExecutor) -> None:
@@ -374,16 +400,23 @@ class HFEngine:
         row.blocks = []
 
     def _collect_tools(self, rows: list[_Row]) -> None:
-        """Rows whose observation is due at this step ingest it (waiting for a tool still running)."""
-        for row in rows:
-            if row.finished or row.tool is None or row.tool_due > self._clock:
-                continue
+        """Rows whose observation is due at this step ingest it, waiting for a tool still running up to
+        ``tool_grace_s`` (None: until it is done); a tool still running after that is late, and its row
+        ingests at the first step after it is done."""
+        due = [r for r in rows if not r.finished and r.tool is not None and (r.late or r.tool_due <= self._clock)]
+        running = [r.tool for r in due if not r.late and not r.tool.done()]
+        if running and self.tool_grace_s != 0:
+            t0 = time.perf_counter()
+            wait(running, timeout=self.tool_grace_s)
+            self.stats.tool_wait_s += time.perf_counter() - t0
+        for row in due:
             if not row.tool.done():
-                t0 = time.perf_counter()
-                wait([row.tool])
-                self.stats.tool_wait_s += time.perf_counter() - t0
+                if not row.late:
+                    row.late = True
+                    self.stats.late_tools += 1
+                continue
             observation = row.tool.result()
-            row.tool = None
+            row.tool, row.late = None, False
             last = row.traj.response_ids[-1]  # the closing tag: sampled, not yet in the cache
             ids = row.traj.observe(observation)
             self._on_token(row.traj)

@@ -46,8 +46,9 @@ def test_batched_rollouts_equal_batch_size_one_token_for_token(web_model, tok, r
 
 def test_rollouts_do_not_depend_on_tool_timing(web_model, tok, requests_of):
     """An observation joins the batch at a step fixed by the tokens (``tool_delay_steps`` after the call),
-    not when its tool returned: tools that answer at other moments (faster and slower than the delay) give
-    the same forward steps, row for row, and the same tokens and log-probs, bit for bit."""
+    not when its tool returned (tool_grace_s None, the default: the engine waits for a slower tool): tools that
+    answer at other moments (faster and slower than the delay) give the same forward steps, row for row, and
+    the same tokens and log-probs, bit for bit. (A grace: tests/rollout/test_hf_tools.py.)"""
     requests = requests_of(6)
     sampling = Sampling(temperature=1.0, seed=3)
 
