@@ -58,6 +58,7 @@ from tqdm import tqdm
 
 from coa.config import SftConfig, derive_seed, to_dict
 from coa.device import cpu_capability, default_device, resolve_dtype
+from coa.train.collective import reduce_values
 from coa.train.data import Batch, Example, collate_packed, collate_padded, encode_example, pack
 from coa.train.kit import (
     Attention,
@@ -357,9 +358,8 @@ def train_sft(
                 grad_norm = engine.get_global_grad_norm()
                 grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
                 if world > 1:
-                    agg = torch.tensor([loss_sum, n_tok, n_target, n_pos], dtype=torch.float64, device=dev)
-                    torch.distributed.all_reduce(agg)
-                    loss_sum, n_tok, n_target, n_pos = agg[0].item(), int(agg[1]), int(agg[2]), int(agg[3])
+                    loss_sum, n_tok, n_target, n_pos = reduce_values([loss_sum, n_tok, n_target, n_pos])
+                    n_tok, n_target, n_pos = int(n_tok), int(n_target), int(n_pos)
             else:
                 max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from coa.train import kit
+from coa.train import collective, kit
 from coa.train.zero import deepspeed_init, require_deepspeed
 
 
@@ -47,32 +47,26 @@ class Ranks:
         """The initialised process group's rank and world size (DeepSpeed's, after zero_trainer)."""
         return cls(torch.distributed.get_rank(), torch.distributed.get_world_size(), True)
 
-    def share(self, n: int) -> tuple[int, int]:
-        """This rank's block [lo, hi) of ``n`` groups: contiguous, sizes differing by at most one."""
-        return n * self.rank // self.world, n * (self.rank + 1) // self.world
+    def share(self, n: int, every: int = 1) -> tuple[int, int]:
+        """This rank's block [lo, hi) of ``n`` groups: contiguous, sizes differing by at most one. With
+        ``every`` = k > 1 (one rollout engine per k consecutive ranks) the blocks go to ranks 0, k, 2k, ... and
+        the others get an empty one."""
+        if self.rank % every:
+            return 0, 0
+        i, holders = self.rank // every, self.world // every
+        return n * i // holders, n * (i + 1) // holders
 
     def gather(self, items: Sequence[Any]) -> list[Any]:
         """Every rank's ``items`` (picklable), concatenated in rank order; the list itself on one rank."""
-        if self.world == 1:
-            return list(items)
-        parts: list[Any] = [None] * self.world
-        torch.distributed.all_gather_object(parts, list(items))
-        return [x for part in parts for x in part]
+        return collective.gather_objects(items) if self.world > 1 else list(items)
 
-    def sum(self, values: Sequence[float]) -> list[Any]:
-        """Each value summed over ranks (in float64); the values themselves, untouched, on one rank."""
-        return self._reduce(values, torch.distributed.ReduceOp.SUM if self.world > 1 else None)
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Each value summed over ranks (in float64, on the backend's device); the values on one rank."""
+        return collective.reduce_values(values, "sum") if self.world > 1 else list(values)
 
     def max(self, values: Sequence[int]) -> list[int]:
         """Each value's maximum over ranks; the values themselves on one rank."""
-        return [int(v) for v in self._reduce(values, torch.distributed.ReduceOp.MAX if self.world > 1 else None)]
-
-    def _reduce(self, values: Sequence[float], op: Any) -> list[Any]:
-        if self.world == 1 or not values:
-            return list(values)
-        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
-        torch.distributed.all_reduce(t, op=op)
-        return t.tolist()
+        return [int(v) for v in (collective.reduce_values(values, "max") if self.world > 1 else values)]
 
 
 class ZeroStep:

@@ -1,0 +1,81 @@
+"""Collectives on the backend's device: an NCCL-shaped backend (recorded, no GPU) gets CUDA tensors, gloo CPU
+ones, and every reduction of coa/ goes through coa.train.collective."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from coa.train import collective
+from coa.train.dapo.ranks import Ranks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class RecordingBackend:
+    """Stands in for torch.distributed's collectives of an initialised group of ``world`` ranks: records the
+    device each tensor was placed on and reduces as if every rank held the same values."""
+
+    def __init__(self, backend: str, world: int = 2):
+        self.backend, self.world, self.placed, self.reduced = backend, world, [], []
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(collective, "active", lambda: True)
+        monkeypatch.setattr(collective.dist, "get_backend", lambda group=None: self.backend)
+        monkeypatch.setattr(collective.dist, "get_world_size", lambda group=None: self.world)
+        monkeypatch.setattr(collective.dist, "all_reduce", self.all_reduce)
+        monkeypatch.setattr(collective, "_to", self.to)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+
+    def to(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        self.placed.append(device)  # a CUDA tensor cannot be made here: the device it would have gone to
+        return tensor
+
+    def all_reduce(self, tensor: torch.Tensor, op=None) -> None:
+        self.reduced.append((self.placed[-1], op))
+        if op == torch.distributed.ReduceOp.SUM:
+            tensor.mul_(self.world)
+
+
+def test_nccl_reductions_go_to_the_ranks_cuda_device(monkeypatch):
+    rec = RecordingBackend("nccl")
+    rec.install(monkeypatch)
+    ranks = Ranks(0, 2, True)
+    assert ranks.sum([1.5, 2]) == [3.0, 4.0]
+    assert ranks.max([7, 1]) == [7, 1]
+    assert [d for d, _ in rec.reduced] == [torch.device("cuda", 3)] * 2
+    assert [op for _, op in rec.reduced] == [torch.distributed.ReduceOp.SUM, torch.distributed.ReduceOp.MAX]
+
+
+def test_gloo_reductions_stay_on_the_cpu(monkeypatch):
+    rec = RecordingBackend("gloo")
+    rec.install(monkeypatch)
+    assert collective.reduce_values([2.0], "sum") == [4.0]
+    assert rec.placed == [torch.device("cpu")]
+
+
+def test_placement_of_each_backend(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert collective.placement("nccl") == torch.device("cuda", 1)
+    assert collective.placement("gloo") == torch.device("cpu")
+    monkeypatch.setitem(torch.distributed.Backend.backend_capability, "gpuonly", ["cuda"])
+    assert collective.placement("gpuonly") == torch.device("cuda", 1)
+
+
+def test_one_process_returns_the_values():
+    assert not collective.active()
+    assert collective.reduce_values([1, 2.5], "max") == [1.0, 2.5]
+    assert collective.gather_objects(["a"]) == ["a"]
+    with pytest.raises(ValueError, match="op must be one of"):
+        collective.reduce_values([1.0], "mean")
+
+
+def test_every_collective_of_the_library_goes_through_the_helper():
+    """A direct all_reduce / all_gather / broadcast elsewhere in coa/ or stages/ would bypass the placement."""
+    pattern = re.compile(r"\b(all_reduce|all_gather|all_gather_object|broadcast|reduce_scatter)\(")
+    offenders = [str(p.relative_to(ROOT)) for folder in ("coa", "stages") for p in (ROOT / folder).rglob("*.py")
+                 if p.name != "collective.py" and pattern.search(p.read_text())]
+    assert offenders == []
