@@ -12,6 +12,8 @@
   prompts per step); a position in it is a pure function of (epoch seeds, position), so a checkpoint
   stores only how far it got.
 - ``target_logits``: logits only where a target token follows (``logits_to_keep``): [N, V].
+- ``target_hidden``: the lm head's inputs there instead, [N, H] (RL applies the head in chunks).
+- ``gradient_checkpointing``: the model's layers recompute their activations in backward, for a block.
 - ``varlen_attention`` / ``attention_impl``: causal attention within each sample of a packed row.
 - ``rng_state`` / ``set_rng_state``: every generator, for exact resume.
 - ``save_checkpoint`` / ``load_checkpoint`` / ``checkpoints``: ckpt/step-N folders (trainer state, weights and
@@ -211,8 +213,71 @@ def target_logits(model: Any, batch: Batch, inputs: dict[str, Any]) -> tuple[tor
     target = batch.labels[:, 1:] != IGNORE_INDEX  # [B, T-1]: token t+1 is a target
     keep = torch.zeros_like(batch.labels, dtype=torch.bool)
     keep[:, :-1] = target
-    logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits  # [N, V]
+    # the head sees only the kept positions: [B, T, H] -> [N, H] -> [N, V]. Done by wrapping the head, not by
+    # a mask as ``logits_to_keep`` (transformers < 5.2x indexes with it as a 1-D index: [B, T] masks fail)
+    base = getattr(model, "module", model)  # a DeepSpeed engine's module
+    head = base.get_output_embeddings()
+    base.set_output_embeddings(_KeptPositions(head, keep))
+    try:
+        logits = model(**inputs, use_cache=False).logits  # [N, V]
+    finally:
+        base.set_output_embeddings(head)
     return logits, target
+
+
+class _KeptPositions(torch.nn.Module):
+    """The output head applied to the kept positions only: hidden [B, T, H] -> head(hidden[keep]) [N, V]."""
+
+    def __init__(self, head: torch.nn.Module, keep: torch.Tensor):
+        super().__init__()
+        self.head, self.keep = head, keep
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden[self.keep])
+
+
+def target_hidden(model: Any, batch: Batch, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """As ``target_logits``, the lm head's inputs instead of its outputs: (final hidden states [N, H], after the
+    final norm, at the N positions followed by a target token; target [B, T-1]). The model runs with its output
+    embeddings swapped for the identity for the call (restored after), so no [N, V] logits are made: the caller
+    applies ``model.get_output_embeddings()`` in chunks (coa.train.dapo.loss.chunked_token_logprobs).
+    ``model``: a transformers causal LM or a DeepSpeed engine around one (the swap is on its ``module``)."""
+    base = getattr(model, "module", model)
+    head = base.get_output_embeddings()
+    base.set_output_embeddings(torch.nn.Identity())
+    try:
+        return target_logits(model, batch, inputs)
+    finally:
+        base.set_output_embeddings(head)
+
+
+@contextmanager
+def gradient_checkpointing(model: Any, on: bool = True):
+    """transformers' gradient checkpointing of every decoder layer (non-reentrant ``torch.utils.checkpoint``:
+    each layer keeps only its input and is recomputed in backward) for the duration of the block, then off again
+    (an hf rollout engine may share the module; layers checkpoint only in training mode anyway). Nothing when
+    ``on`` is false or it is on already. ``model``: a causal LM or a DeepSpeed engine around one. The hook that
+    makes the input embeddings require grad (needed by reentrant checkpointing only) is removed: with frozen
+    lower layers (``set_trainable``) it would make backward run through them."""
+    base = getattr(model, "module", model)
+    if not on or any(getattr(m, "gradient_checkpointing", False) for m in base.modules()):
+        yield
+        return
+    kwargs = {"use_reentrant": False}
+    had_hooks = bool(getattr(base, "_require_grads_hooks", None))
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x; gradient_checkpointing_* warn
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if not had_hooks:
+        base.disable_input_require_grads()
+    try:
+        yield
+    finally:
+        if hasattr(base, "activation_checkpointing_disable"):
+            base.activation_checkpointing_disable()
+        else:
+            base.gradient_checkpointing_disable()
 
 
 # ----------------------------------------------------------------------------- resume

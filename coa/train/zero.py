@@ -4,7 +4,9 @@ loading, engine, gathered model, the weights handed to a rollout engine module b
     hold = zero3_loading(cfg.deepspeed, "sft", **settings)   # before from_pretrained: ZeRO-3 ranks load their shard
     optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay, cpu_adam=cfg.deepspeed.offload_optimizer)
     engine, scheduler = deepspeed_init(model, optimizer, cfg.deepspeed, lr_lambda, **settings)
-    model = deepspeed_full_model(engine, rank)   # the float32 weights on rank 0 (every rank calls)
+    model = gathered_model(engine, rank)         # rank 0: the trained model in its 16-bit dtype (every rank calls)
+    model = deepspeed_full_model(engine, rank)   # rank 0: the float32 master weights (SFT's; every rank calls)
+    ref = deepspeed_inference(model, cfg.deepspeed, **settings)   # forwards only; ZeRO-3: stays sharded
     rollout_engine.sync(module_weights(engine.module))   # every rank calls: ZeRO-3 gathers one module at a time
 
 ``settings`` are the stage's pieces of the config (``deepspeed_config``'s keywords): coa.train.sft.zero_settings
@@ -106,28 +108,93 @@ def deepspeed_init(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ds:
     return engine, scheduler
 
 
-def deepspeed_full_model(engine: Any, rank: int) -> torch.nn.Module | None:
-    """The float32 master weights gathered into a fresh model on rank 0 (a collective: every rank calls)."""
-    from deepspeed.utils import safe_get_full_fp32_param
+def deepspeed_inference(model: torch.nn.Module, ds: DeepSpeedConfig, **settings: Any) -> Any:
+    """A DeepSpeed engine around ``model`` with no optimizer, for forwards only (RL's frozen reference): its
+    parameters frozen, in eval mode, in DeepSpeed's dtype (bf16 under ``settings``' bf16). Under ZeRO-3 they stay
+    partitioned over the ranks (a model loaded under ``zero3_loading`` already is; any other is partitioned by
+    DeepSpeed) and each forward gathers one module at a time, as the policy's engine does: every rank must run
+    the same forwards (a collective). ``settings``: as for ``deepspeed_config``."""
+    _dist_env()
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=ds.dist_backend)
+    model.requires_grad_(False)
+    engine, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(ds, torch.distributed.get_world_size(),
+                                                                                **settings))
+    engine.eval()
+    return engine
+
+
+def _fresh_model(module: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """An uninitialised model of ``module``'s class and config in ``dtype`` and its tensors by state-dict name
+    (each parameter once, as ``named_parameters``; persistent buffers)."""
     from transformers.initialization import no_init_weights
 
-    module = engine.module
-    state = {}
-    for name, p in module.named_parameters():
-        full = safe_get_full_fp32_param(p)
-        if rank == 0:
-            state[name] = (full if full is not None else p.detach()).float().cpu().clone()
-    if rank != 0:
-        return None
     with no_init_weights():
-        fresh = type(module)._from_config(module.config, dtype=torch.float32)
-    missing, unexpected = fresh.load_state_dict(state, strict=False)
-    tied = {k for k in missing if "lm_head" in k and getattr(module.config, "tie_word_embeddings", False)}
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(f"gathering the DeepSpeed model: missing {missing}, unexpected {unexpected}")
+        fresh = type(module)._from_config(module.config, dtype=dtype)
+    tensors = dict(fresh.named_parameters())
+    for prefix, sub in fresh.named_modules():
+        skip = getattr(sub, "_non_persistent_buffers_set", set())
+        tensors.update((f"{prefix}.{n}" if prefix else n, b) for n, b in sub.named_buffers(recurse=False)
+                       if n not in skip and b is not None)
+    return fresh, tensors
+
+
+def _finished(fresh: torch.nn.Module, module: torch.nn.Module, filled: set[str]) -> torch.nn.Module:
+    """``fresh`` with its tied weights tied and ``module``'s generation config; an error naming any parameter
+    that got no value (a tied one counts once, under its first name)."""
     fresh.tie_weights()
+    missing = sorted(n for n, _ in fresh.named_parameters() if n not in filled)
+    if missing:
+        raise RuntimeError(f"gathering the DeepSpeed model: no weights came for {missing}")
     fresh.generation_config = module.generation_config
     return fresh
+
+
+def gathered_model(engine: Any, rank: int, dtype: torch.dtype | None = None) -> torch.nn.Module | None:
+    """The trained model whole on rank 0, None on the others (a collective: every rank calls), in ``dtype``:
+    by default the dtype its module trains in (bf16 under DeepSpeed's bf16 mode: DeepSpeed keeps the bf16
+    weights equal to its float32 master weights rounded; float32 in a float32 run).
+
+    Module by module (``module_weights``: under ZeRO-3 one submodule's shards gathered at a time) straight into
+    a fresh model of that dtype on rank 0: host memory holds that one copy (2 B/param in bf16: 65 GB at 32B),
+    never a float32 state dict beside a float32 model. ``engine``: a DeepSpeed engine or its module."""
+    module = getattr(engine, "module", engine)
+    dtype = dtype or next(module.parameters()).dtype
+    fresh, tensors = _fresh_model(module, dtype) if rank == 0 else (None, {})
+    filled: set[str] = set()
+    for chunk in module_weights(module):
+        if rank == 0:
+            for name, value in chunk:
+                tensors[name].data.copy_(value)  # cast to dtype on the way (the same dtype by default)
+                filled.add(name)
+    return _finished(fresh, module, filled) if rank == 0 else None
+
+
+def deepspeed_full_model(engine: Any, rank: int) -> torch.nn.Module | None:
+    """The float32 master weights gathered into a fresh float32 model on rank 0, None on the others (a
+    collective: every rank calls): SFT's final model. One parameter at a time, written straight into the model
+    (no state dict beside it); a frozen parameter, which has no master copy, comes from the module (gathered)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    module = engine.module
+    fresh, tensors = _fresh_model(module, torch.float32) if rank == 0 else (None, {})
+    filled: set[str] = set()
+    for name, p in module.named_parameters():
+        full = safe_get_full_fp32_param(p)
+        if full is None:
+            with _gathered([p]):
+                if rank == 0:
+                    tensors[name].data.copy_(p.detach())
+        elif rank == 0:
+            tensors[name].data.copy_(full)
+        filled.add(name)
+    if rank != 0:
+        return None
+    for name, b in module.named_buffers():
+        if name in tensors and name not in filled:
+            tensors[name].data.copy_(b)
+    return _finished(fresh, module, filled)
 
 
 Chunk = list[tuple[str, torch.Tensor]]

@@ -9,7 +9,11 @@ for answering without a search (the scripted policy prefers to search: groups di
 Writes OUT/rank<r>.json (kept groups, history, resumed_from), OUT/model.pt (rank 0: the trained float32
 weights) and, with "record": true, OUT/sync-<r>.pt (what the rollout engine received at the last sync) with
 what each chunk of every sync held ("partition_all": true partitions even this tiny model's parameters under
-ZeRO-3). "stop": N ends every rank after step N (its checkpoint written).
+ZeRO-3). "stop": N ends every rank after step N (its checkpoint written). The memory knobs (tests/train/
+test_dapo_memory.py): "dtype" (float32), "gc" (rl.gradient_checkpointing), "chunk" (rl.logprob_chunk); "kl" with
+"ref" (a saved copy of the policy): rl.kl_coef against coa.train.dapo.reference_model(ref), what it holds on
+each rank written to OUT/ref-<r>.json; "save": rank 0 writes the result with coa.train.kit.save_trained to
+OUT/saved and DeepSpeed's float32 master weights to OUT/master.pt.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from coa.config import DeepSpeedConfig, load_params  # noqa: E402
 from coa.prompts import render_prompt  # noqa: E402
 from coa.rollout.hf import HFEngine  # noqa: E402
 from coa.rollout.types import Limits  # noqa: E402
-from coa.train.dapo import train_dapo  # noqa: E402
+from coa.train.dapo import reference_model, train_dapo  # noqa: E402
+from coa.train.kit import save_trained  # noqa: E402
 from tests.rollout.conftest import Recorder  # noqa: E402
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2  # noqa: E402
 
@@ -50,8 +55,9 @@ def rl_cfg(spec: dict):
     ds = DeepSpeedConfig(enabled=zero > 0, zero_stage=zero or 2, dist_backend="gloo", offload_optimizer=False)
     return replace(load_params(ROOT / "params.yaml").rl, steps=spec.get("steps", 1), prompts_per_step=4,
                    rollouts_per_prompt=4, max_gen_batches=2, mini_batches=spec.get("mini_batches", 2),
-                   row_tokens=512, lr=3e-3, warmup_steps=0, checkpoint_every=1, dtype="float32",
-                   overlong_buffer=0, kl_coef=0.0, trainable_layers=0, deepspeed=ds)
+                   row_tokens=512, lr=3e-3, warmup_steps=0, checkpoint_every=1, dtype=spec.get("dtype", "float32"),
+                   overlong_buffer=0, kl_coef=spec.get("kl", 0.0), trainable_layers=0, deepspeed=ds,
+                   gradient_checkpointing=spec.get("gc", False), logprob_chunk=spec.get("chunk", 1024))
 
 
 class RecordingEngine:
@@ -101,6 +107,28 @@ def main() -> None:
             return config
 
         coa.train.zero.deepspeed_config = partition_all
+    if spec.get("save") and cfg.deepspeed.enabled:  # beside the result: DeepSpeed's float32 master weights
+        import coa.train.dapo.loop
+        from coa.train.zero import deepspeed_full_model
+
+        gather = coa.train.dapo.loop.gathered_model
+
+        def gather_and_master(run, rank):
+            master = deepspeed_full_model(run, rank)  # a collective, as the gather
+            if master is not None:
+                torch.save(master.state_dict(), out / "master.pt")
+            return gather(run, rank)
+
+        coa.train.dapo.loop.gathered_model = gather_and_master
+    ref = None
+    if spec.get("ref"):
+        ref = reference_model(spec["ref"], cfg)
+        module = getattr(ref, "module", ref)
+        params = list(module.parameters())
+        (out / f"ref-{rank}.json").write_text(json.dumps({
+            "engine": module is not ref, "params": len(params), "numel": sum(p.numel() for p in params),
+            "partitioned": sum(hasattr(p, "ds_id") and p.numel() == 0 for p in params),
+            "full_numel": sum(getattr(p, "ds_numel", p.numel()) for p in params)}))
     tok = make_tokenizer()
     model = scripted_qwen2(tok, WEB_SCRIPT)
     if cfg.deepspeed.enabled:  # DeepSpeed's module trains; the engine rolls out its own copy
@@ -116,10 +144,9 @@ def main() -> None:
 
     result = train_dapo(model, tok, TASKS, cfg, engine=engine, limits=LIMITS, tools_factory=Recorder(), score=score,
                         render=lambda t: render_prompt(tok, t["question"], t["domain"]), seed=spec.get("seed", 0),
-                        ckpt_dir=ckpt,
-                        log_fn=log_fn, progress=False)
+                        ckpt_dir=ckpt, log_fn=log_fn, progress=False, ref_model=ref)
     keep = ("reward", "accuracy", "groups_kept", "groups_generated", "loss", "policy_tokens_trained", "entropy",
-            "clip_fraction", "grad_norm", "response_tokens", "lr")
+            "clip_fraction", "grad_norm", "response_tokens", "lr", "kl")
     info = {"groups": result.groups, "resumed_from": result.resumed_from,
             "history": [{k: h[k] for k in keep if k in h} for h in result.history]}
     (out / f"rank{rank}.json").write_text(json.dumps(info))
@@ -129,6 +156,8 @@ def main() -> None:
                    out / f"sync-{rank}.pt")
     if result.model is not None:
         torch.save(result.model.state_dict(), out / "model.pt")
+        if spec.get("save"):
+            save_trained(result.model, tok, out / "saved", {"rl": spec}, out, "sft_model")
 
 
 if __name__ == "__main__":

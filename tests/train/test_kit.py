@@ -35,19 +35,34 @@ def test_build_optimizer_decays_matrices_only():
 
 
 def test_target_logits_only_where_a_target_follows():
+    """The head runs on the positions a target follows only; a transformers version that takes no 2-D
+    ``logits_to_keep`` mask (5.17, 5.19: vLLM's environment) works the same, since the mask is never passed."""
     examples = [Example([1, 2, 3, 4], [0, 0, 1, 1], 1.0), Example([5, 6, 7], [0, 1, 0], 1.0)]
     batch = collate_rows(examples, [[0, 1]], 7, pad_id=0)
-    seen = {}
 
-    def model(input_ids, logits_to_keep, use_cache):
-        seen["keep"] = logits_to_keep
-        logits = torch.arange(7.0)[None, :, None].expand(1, 7, 2)  # [B, T, V]: position t's logits are t
-        return type("Out", (), {"logits": logits[logits_to_keep]})
+    class Model(torch.nn.Module):  # position t's hidden state is t; the head doubles it
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Identity()
+            self.seen = []
 
+        def get_output_embeddings(self):
+            return self.head
+
+        def set_output_embeddings(self, head):
+            self.head = head
+
+        def forward(self, input_ids, use_cache, **kwargs):
+            assert "logits_to_keep" not in kwargs
+            hidden = torch.arange(7.0)[None, :, None].expand(1, 7, 2)  # [B, T, H]
+            self.seen.append(type(self.head).__name__)
+            return type("Out", (), {"logits": self.head(hidden) * 2})
+
+    model = Model()
     logits, target = target_logits(model, batch, {"input_ids": batch.input_ids})
     assert batch.labels[:, 1:][target].tolist() == [3, 4, 6]  # the policy's tokens
-    assert logits[:, 0].tolist() == [1.0, 2.0, 4.0]  # the positions that predict them
-    assert seen["keep"][0, -1].item() is False
+    assert logits[:, 0].tolist() == [2.0, 4.0, 8.0]  # the positions that predict them
+    assert model.seen == ["_KeptPositions"] and isinstance(model.head, torch.nn.Identity)  # the head is back
 
 
 def test_rng_state_round_trip():

@@ -5,9 +5,10 @@
     loss = policy_loss(logprobs, old_logprobs, adv, mask, clip_low=0.2, clip_high=0.28)
     loss.backward()
 
-    from coa.train.dapo import train_dapo
+    from coa.train.dapo import reference_model, train_dapo
     result = train_dapo(model, tokenizer, tasks, cfg, engine=HFEngine(model, tok), tools_factory=...,
-                        score=lambda task, rollout: reward(...), seed=7, ckpt_dir=".cache/rl")
+                        score=lambda task, rollout: reward(...), seed=7, ckpt_dir=".cache/rl",
+                        ref_model=reference_model("models/sft", cfg))   # None unless cfg.kl_coef > 0
 
 The pieces, as in the paper:
 
@@ -32,8 +33,18 @@ across the ranks of a launcher under DeepSpeed ZeRO, ``rl.deepspeed``: groups sp
 equal to one process's).
 """
 
-from coa.train.dapo.loop import PLOT_KEYS, DapoResult, LogFn, Score, reward_score, task_stream, train_dapo
+from coa.train.dapo.loop import (
+    PLOT_KEYS,
+    DapoResult,
+    LogFn,
+    Score,
+    reference_model,
+    reward_score,
+    task_stream,
+    train_dapo,
+)
 from coa.train.dapo.loss import (
+    chunked_token_logprobs,
     clip_fraction,
     entropy,
     group_advantages,
@@ -45,6 +56,7 @@ from coa.train.dapo.loss import (
 )
 from coa.train.dapo.update import _update, first_trainable_layer, heldout_kl, policy_logprobs
 
-__all__ = ["PLOT_KEYS", "DapoResult", "LogFn", "Score", "_update", "clip_fraction", "entropy",
-           "first_trainable_layer", "group_advantages", "heldout_kl", "keep_groups", "kl_k3", "masked_mean", "policy_logprobs", "policy_loss", "reward_score", "task_stream",
-           "token_logprobs", "train_dapo"]
+__all__ = ["PLOT_KEYS", "DapoResult", "LogFn", "Score", "_update", "chunked_token_logprobs", "clip_fraction", "entropy",
+           "first_trainable_layer", "group_advantages", "heldout_kl", "keep_groups", "kl_k3", "masked_mean",
+           "policy_logprobs", "policy_loss", "reference_model", "reward_score", "task_stream", "token_logprobs",
+           "train_dapo"]

@@ -19,9 +19,9 @@ from coa.device import resolve_dtype
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
 from coa.train import kit
 from coa.train.dapo.loss import group_advantages, keep_groups
-from coa.train.dapo.ranks import Ranks, ZeroStep, check_checkpoint, check_launch, zero_trainer
+from coa.train.dapo.ranks import Ranks, ZeroStep, check_checkpoint, check_launch, zero_settings, zero_trainer
 from coa.train.dapo.update import _update
-from coa.train.zero import deepspeed_full_model, module_weights
+from coa.train.zero import deepspeed_inference, gathered_model, module_weights, zero3_loading
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,9 @@ LogFn = Callable[[int, dict[str, float]], None]
 
 @dataclass
 class DapoResult:
-    model: torch.nn.Module | None  # the trained float32 model; None on DeepSpeed ranks > 0
+    # the trained model: float32 in one process; under DeepSpeed rank 0's gathered model in the training dtype
+    # (bf16 under rl.dtype's bf16, float32 in a float32 run), None on the other ranks
+    model: torch.nn.Module | None
     steps: int
     history: list[dict[str, float]]  # one row per step (reward before filtering, accuracy, clip fraction...)
     resumed_from: int
@@ -115,7 +117,10 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     With ``cfg.deepspeed.enabled`` every rank of the launch calls this (coa.train.dapo.ranks): ``model`` becomes
     DeepSpeed's module, each rank's ``engine`` holds its own copy of the weights and gets them module by module
     after every step (``engine.sync(coa.train.zero.module_weights(model))``); the result's model is the gathered
-    float32 model on rank 0, None on the others.
+    model on rank 0 in the training dtype (coa.train.zero.gathered_model: bf16 under bf16, built module by module),
+    None on the others. ``ref_model`` (the KL term's, used when ``cfg.kl_coef`` > 0): best :func:`reference_model`'s
+    (under ZeRO-3 a sharded inference engine); a plain model is moved to the update's device, or under ZeRO-3
+    partitioned over the ranks (coa.train.zero.deepspeed_inference).
     """
     start_wall = time.perf_counter()
     if not tasks:
@@ -133,8 +138,11 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
         ranks, run, dev, zero_stage = Ranks.current(), optimizer.engine, optimizer.engine.device, cfg.deepspeed.zero_stage
         autocast_dtype = None  # DeepSpeed's bf16 mode casts the module itself
         bf16 = resolve_dtype(cfg.dtype, dev) == torch.bfloat16
-        if ref_model is not None:
-            ref_model.to(dev)
+        if ref_model is not None and cfg.kl_coef > 0 and not _is_engine(ref_model):
+            if zero_stage == 3:  # every rank holds its shard only, as of the policy
+                ref_model = deepspeed_inference(ref_model, cfg.deepspeed, **zero_settings(cfg))
+            else:  # ZeRO-1/2 shard no parameters: a copy per rank, in the dtype the policy's module runs in
+                ref_model = ref_model.to(dev, torch.bfloat16 if bf16 else torch.float32).eval()
     else:
         dev = next(model.parameters()).device
         optimizer = kit.build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay)
@@ -148,9 +156,19 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     ckpt = Path(ckpt_dir) if ckpt_dir is not None else None
     key = _key(cfg, seed, tasks)
 
-    def sync() -> None:  # the rollout engine gets the trained weights (every rank: ZeRO-3 gathers)
+    def sync() -> None:
+        """The rollout engine gets the trained weights (every rank calls: ZeRO-3 gathers module by module, and a
+        rank without an engine, in a tensor-parallel engine's group, walks the gathers with the others). An
+        engine asleep during the update (vLLM's sleep mode) wakes its weights first and its KV cache after."""
+        if engine is None:
+            if use_ds:
+                for _ in module_weights(model):
+                    pass
+            return
         if hasattr(engine, "sync"):
+            _wake(engine, ["weights"])
             engine.sync(module_weights(model) if use_ds else model)
+        _wake(engine, None)
 
     state = _State()
     if ckpt is not None:
@@ -170,6 +188,8 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
         metrics, batch, groups = _generate(engine, tasks, prompts, cfg, limits, tools_factory, score, seed, step,
                                            state, ranks)
         t1 = time.perf_counter()
+        if hasattr(engine, "sleep"):  # vLLM's sleep mode: the update gets the engine's GPU memory
+            engine.sleep()
         if batch:  # else every group was all-equal: nothing to learn from this step
             with kit.attention_impl(model, "varlen"):  # only here: the engine's forwards use the model's own
                 metrics.update(_update(run, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype,
@@ -192,22 +212,49 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
         if log_fn is not None:
             log_fn(step + 1, metrics)
     bar.close()
-    final = deepspeed_full_model(run, ranks.rank) if use_ds else model
+    final = gathered_model(run, ranks.rank) if use_ds else model
     if final is not None:
         final.eval()
     return DapoResult(model=final, steps=cfg.steps, history=state.history, resumed_from=resumed_from,
                       wall_s=time.perf_counter() - start_wall, groups=state.groups)
 
 
+def reference_model(policy_path: str | Path, cfg: Any) -> Any:
+    """The frozen reference of the KL term for train_dapo's ``ref_model``: the starting policy at ``policy_path``
+    (a Hugging Face folder); None when ``cfg.kl_coef`` is 0 (no KL term). Every rank calls it.
+
+    One process: the model in float32 (train_dapo moves it to the update's device; its forwards autocast as the
+    policy's). DeepSpeed ZeRO-3: loaded sharded (``zero3_loading``: each rank reads only its shard) into a DeepSpeed
+    inference engine with the policy's ZeRO-3 config and no optimizer (coa.train.zero.deepspeed_inference): 2 B a
+    parameter over the ranks in bf16, never a full copy per rank. ZeRO-1/2 shard no parameters: a model per rank,
+    which train_dapo casts to the policy's dtype."""
+    if cfg.kl_coef <= 0:
+        return None
+    from coa.model import load_pretrained
+
+    if not (cfg.deepspeed.enabled and cfg.deepspeed.zero_stage == 3):
+        return load_pretrained(policy_path)[0].eval()
+    hold = zero3_loading(cfg.deepspeed, "rl", **zero_settings(cfg))
+    model = load_pretrained(policy_path)[0]
+    del hold
+    return deepspeed_inference(model, cfg.deepspeed, **zero_settings(cfg))
+
+
+def _is_engine(model: Any) -> bool:
+    """A DeepSpeed engine (it wraps a module; a transformers model has no ``module``)."""
+    return isinstance(getattr(model, "module", None), torch.nn.Module)
+
+
 def _key(cfg: Any, seed: int, tasks: Sequence[dict[str, Any]]) -> str:
-    """What a checkpoint is valid for: the config (but how often it checkpoints and the ranks' layout, which
-    check_checkpoint reports), the seed, the tasks."""
+    """What a checkpoint is valid for: the config (but how often it checkpoints, the ranks' layout, which
+    check_checkpoint reports, and how the update saves memory, which changes no number), the seed, the tasks."""
     import hashlib
     import json
 
     from coa.config import to_dict
 
-    conf = {k: v for k, v in to_dict(cfg).items() if k not in ("checkpoint_every", "register_as", "deepspeed")}
+    skip = ("checkpoint_every", "register_as", "deepspeed", "gradient_checkpointing", "logprob_chunk")
+    conf = {k: v for k, v in to_dict(cfg).items() if k not in skip}
     conf["offload_optimizer"] = cfg.deepspeed.offload_optimizer  # another optimizer: its state does not carry over
     ids = [t["task_id"] for t in tasks]
     return hashlib.sha256(json.dumps([conf, seed, ids], sort_keys=True, default=str).encode()).hexdigest()
@@ -234,7 +281,19 @@ def _resume(ckpt: Path, key: str, model: Any, optimizer: Any, scheduler: Any, ra
     return _State(meta["step"], meta["cursor"], meta["history"], meta["groups"])
 
 
-def _generate(engine: Engine, tasks: Sequence[dict[str, Any]], prompts: Sequence[str], cfg: Any, limits: Limits,
+def _wake(engine: Any, tags: list[str] | None) -> None:
+    """Wake ``tags`` of an engine that sleeps during the update (all of it: None); nothing for other engines."""
+    if hasattr(engine, "wake_up"):
+        engine.wake_up(tags)
+
+
+def _engine_ranks(cfg: Any) -> int:
+    """Ranks per rollout engine: a tensor-parallel vLLM engine spans that many (coa.train.dapo.engine)."""
+    engine = getattr(cfg, "engine", None)
+    return engine.vllm.tensor_parallel_size if engine is not None and engine.kind == "vllm" else 1
+
+
+def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: Sequence[str], cfg: Any, limits: Limits,
               tools_factory: ToolsFactory, score: Score, seed: int, step: int, state: _State, ranks: Ranks,
               ) -> tuple[dict[str, float], list[tuple[Rollout | None, float]], list[str]]:
     """Dynamic sampling: roll out groups until ``cfg.prompts_per_step`` of them have unequal rewards (or
@@ -252,11 +311,11 @@ def _generate(engine: Engine, tasks: Sequence[dict[str, Any]], prompts: Sequence
     while n_kept < want and rounds < cfg.max_gen_batches:
         idx = task_stream(len(tasks), seed, state.cursor, want)
         state.cursor += want
-        lo, hi = ranks.share(len(idx))
+        lo, hi = ranks.share(len(idx), every=_engine_ranks(cfg))
         requests = [Request(f"{tasks[i]['task_id']}#{p}.{j}", prompts[i], tasks[i]["domain"])  # a task may recur
                     for p, i in enumerate(idx) if lo <= p < hi for j in range(k)]
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed * 7919 + step * 131 + rounds)
-        rollouts = engine.rollout(requests, sampling, limits, tools_factory)
+        rollouts = engine.rollout(requests, sampling, limits, tools_factory) if requests else []
         owners = [tasks[i] for i in idx[lo:hi] for _ in range(k)]
         with ThreadPoolExecutor(4) as pool:  # code tests run in the sandbox, math-verify is slow
             scored = list(pool.map(score, owners, rollouts))

@@ -8,19 +8,35 @@ frozen weights the rollout engine ran: when every rollout carries the engine's r
 first trainable layer (``Rollout.hidden``: the hf engine's ``keep_hidden``), the update starts there
 (:func:`_forward_top`) instead of running the frozen layers again; its forward and backward then cost the
 top N layers only (the same update up to the engine's rounding: tests/train/test_dapo.py).
+
+Memory (a 7B model, 32k-token rows: docs/scale.md): the forwards stop at the final hidden states [N, H] of the N
+positions a target follows; log-probs and entropy come from them ``rl.logprob_chunk`` positions at a time
+(coa.train.dapo.loss.chunked_token_logprobs: the lm head's float32 logits exist one chunk at a time, and backward
+recomputes them). ``rl.gradient_checkpointing`` recomputes every decoder layer in backward (kit.gradient_checkpointing,
+on for the update only), in :func:`_forward_top` too: its layers are the model's own, which checkpoint themselves.
+Under ZeRO-3 each chunk gathers the lm head's shards, so every rank runs as many chunks per row (the most any rank
+needs there: one all-reduce per update).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
 from coa.rollout.types import Rollout
 from coa.train import kit
-from coa.train.dapo.loss import clip_fraction, entropy, kl_k3, masked_mean, policy_loss, token_logprobs
+from coa.train.dapo.loss import (
+    chunked_token_logprobs,
+    clip_fraction,
+    kl_k3,
+    masked_mean,
+    n_chunks,
+    policy_loss,
+)
 from coa.train.dapo.ranks import Ranks
 from coa.train.data import Example, pack
 
@@ -43,21 +59,38 @@ def _micro_batches(examples: Sequence[Example | None], order: Sequence[int], n_m
     return out
 
 
+LOGPROB_CHUNK = 1024  # positions per chunk of policy_logprobs (the update's: rl.logprob_chunk)
+
+
 def _forward(model: Any, examples: Sequence[Example], row: list[int], pad_id: int, dev: torch.device,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One packed row through the model: (logits [N, V], target ids [N], example index [N]) of its
-    N policy tokens, in position order (the same order every call)."""
+    """One packed row through the model: (final hidden states [N, H], target ids [N], example index [N]) of its
+    N policy tokens, in position order (the same order every call); the lm head is not applied (:func:`_logprobs`)."""
     width = sum(len(examples[i]) for i in row)
     batch = kit.collate_rows(examples, [row], width, pad_id).to(dev)
-    logits, target = kit.target_logits(model, batch, kit.varlen_inputs(batch))
-    return logits, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
+    hidden, target = kit.target_hidden(model, batch, kit.varlen_inputs(batch))
+    return hidden, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
+
+
+def _n_targets(examples: Sequence[Example], row: list[int]) -> int:
+    """N, the policy tokens of a packed row (:func:`_forward`'s; a sample's first token is never a target)."""
+    return sum(sum(examples[i].loss_mask[1:]) for i in row)
+
+
+def _logprobs(model: Any, hidden: torch.Tensor, target: torch.Tensor, temperature: float, chunk: int,
+              min_chunks: int = 1, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probs [N] float32, entropy [N] or None) of the targets from :func:`_forward`'s hidden [N, H], by the
+    model's own lm head (a DeepSpeed engine's: its module's) in chunks of positions."""
+    head = getattr(model, "module", model).get_output_embeddings()
+    return chunked_token_logprobs(hidden, head, target, temperature, chunk, min_chunks, with_entropy)
 
 
 def _forward_top(model: Any, examples: Sequence[Example], states: Sequence[torch.Tensor], row: list[int],
                  pad_id: int, dev: torch.device, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """As :func:`_forward`, from the residual stream entering decoder layer ``start`` instead of the token ids:
     ``states[i]`` is example i's, [len(example) - 1, H] (its last token is never an input a target reads).
-    Needs the decoder at ``model.model`` (layers, rotary_emb, norm)."""
+    Needs the decoder at ``model.model`` (layers, rotary_emb, norm). The layers are called as modules, so with
+    the model's gradient checkpointing on they checkpoint themselves (each keeps only its input)."""
     width = sum(len(examples[i]) for i in row)
     batch = kit.collate_rows(examples, [row], width, pad_id).to(dev)
     inner = model.model
@@ -73,8 +106,7 @@ def _forward_top(model: Any, examples: Sequence[Example], states: Sequence[torch
         hidden = layer(hidden, attention_mask=None, position_ids=batch.position_ids,
                        position_embeddings=position_embeddings, coa_segments=segments)
     hidden = inner.norm(hidden[:, :-1][target])  # [N, H]: the positions a target follows
-    logits = model.get_output_embeddings()(hidden)
-    return logits, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
+    return hidden, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
 
 
 class _Plain:
@@ -106,9 +138,19 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
 
     ``batch``: every kept (rollout, advantage) of the step, in the same order on every rank; a rollout of
     another rank's group is None. ``optimizer``: a torch optimizer (one process) or coa.train.dapo.ranks.ZeroStep
-    (``model`` is then the DeepSpeed engine); see coa.train.dapo.ranks for how the ranks share the update."""
-    ranks = ranks or Ranks.single()
+    (``model`` is then the DeepSpeed engine); see coa.train.dapo.ranks for how the ranks share the update.
+    ``ref_model`` (used when ``cfg.kl_coef`` > 0): a model or a DeepSpeed inference engine
+    (coa.train.dapo.reference_model)."""
+    with kit.gradient_checkpointing(model, cfg.gradient_checkpointing):
+        return _update_body(model, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype, seed, step,
+                            reuse_forward, ranks or Ranks.single())
+
+
+def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout | None, float]], cfg: Any,
+                 pad_id: int, dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
+                 reuse_forward: bool | None, ranks: Ranks) -> dict[str, float]:
     trainer = optimizer if hasattr(optimizer, "backward") else _Plain(model, optimizer, cfg.grad_clip)
+    use_ref = ref_model is not None and cfg.kl_coef > 0
     examples = [_example(r) if r is not None else None for r, _ in batch]
     start = _kept_layer(model, batch, cfg) if ranks.world == 1 and ref_model is None else None
     states = [r.hidden if r is not None else None for r, _ in batch] if start is not None else None
@@ -125,64 +167,80 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     minis = [mini + [None] * (rows - len(mini)) for mini, rows in zip(minis, ranks.max([len(m) for m in minis]),
                                                                       strict=True)]
     filler = [Example([pad_id, pad_id], [0, 1], 1.0)]
+    # and as many lm-head chunks in each row (ZeRO-3 gathers the head in each): the most any rank needs there
+    chunk = cfg.logprob_chunk
+    places = [(b, m) for b, mini in enumerate(minis) for m in range(len(mini))]
+    counts = ranks.max([n_chunks(_n_targets(examples, minis[b][m]) if minis[b][m] else 1, chunk) for b, m in places])
+    need = dict(zip(places, counts, strict=True))
+
+    def filler_logprobs(mdl: Any, b: int, m: int) -> torch.Tensor:
+        hidden, tgt, _ = _forward(mdl, filler, [0], pad_id, dev)
+        return _logprobs(mdl, hidden, tgt, cfg.temperature, chunk, need[b, m])[0]
+
     old: dict[tuple[int, int], torch.Tensor] = {}
     ref: dict[tuple[int, int], torch.Tensor] = {}
     ent_sum = gap_sum = 0.0
     n_tok = 0
     engine_lp = {i: [lp for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m] for i, (r, _) in enumerate(batch)
                  if r is not None}
-    on_policy = len(minis) == 1 and not (ref_model is not None and cfg.kl_coef > 0)
+    on_policy = len(minis) == 1 and not use_ref
     if reuse_forward is not None:  # tests compare both paths
         on_policy = on_policy and reuse_forward
 
-    def observe(logits: torch.Tensor, tgt: torch.Tensor, lp: torch.Tensor, row: list[int]) -> None:
+    def observe(ent: torch.Tensor, lp: torch.Tensor, row: list[int]) -> None:
         nonlocal ent_sum, gap_sum, n_tok
-        ent_sum += float(entropy(logits, cfg.temperature).sum())
-        n_tok += tgt.numel()
+        ent_sum += float(ent.sum())
+        n_tok += lp.numel()
         sampled = torch.tensor([x for i in row for x in engine_lp[i]], device=dev)
         if sampled.numel() == lp.numel():
             gap_sum += float((sampled - lp).abs().sum())
 
     if not on_policy:
         model.eval()
-        with torch.no_grad(), kit.autocast(dev, autocast_dtype):
+        ref_module = getattr(ref_model, "module", ref_model)  # a DeepSpeed engine's config is DeepSpeed's
+        ref_attention = kit.attention_impl(ref_module, "varlen") if use_ref else nullcontext()
+        with torch.no_grad(), kit.autocast(dev, autocast_dtype), ref_attention:
             for b, mini in enumerate(minis):
                 for m, row in enumerate(mini):
                     if row is None:
-                        _forward(model, filler, [0], pad_id, dev)
+                        filler_logprobs(model, b, m)
+                        if use_ref:  # a sharded reference gathers too
+                            filler_logprobs(ref_model, b, m)
                         continue
-                    logits, tgt, seg = forward(row)
-                    old[b, m] = token_logprobs(logits, tgt, cfg.temperature)
-                    observe(logits, tgt, old[b, m], row)
-                    if ref_model is not None:
-                        rl, rt, _ = _forward(ref_model, examples, row, pad_id, dev)
-                        ref[b, m] = token_logprobs(rl, rt, cfg.temperature)
+                    hidden, tgt, _ = forward(row)
+                    old[b, m], ent = _logprobs(model, hidden, tgt, cfg.temperature, chunk, need[b, m], True)
+                    observe(ent, old[b, m], row)
+                    if use_ref:
+                        rh, rt, _ = _forward(ref_model, examples, row, pad_id, dev)
+                        ref[b, m] = _logprobs(ref_model, rh, rt, cfg.temperature, chunk, need[b, m])[0]
+                    del hidden
     model.train()
     loss_sum = clip_sum = kl_sum = 0.0
     grad_norms = []
     for b, mini in enumerate(minis):
-        n_mini = int(ranks.sum([sum(sum(examples[i].loss_mask[1:]) for row in mini if row for i in row)])[0])
+        n_mini = int(ranks.sum([sum(_n_targets(examples, row) for row in mini if row)])[0])
         for m, row in enumerate(mini):
             if row is None:
                 with kit.autocast(dev, autocast_dtype):
-                    logits, _, _ = _forward(model, filler, [0], pad_id, dev)
-                trainer.backward(logits.float().sum() * 0.0)
+                    lp = filler_logprobs(model, b, m)
+                trainer.backward(lp.sum() * 0.0)
                 continue
             with kit.autocast(dev, autocast_dtype):
-                logits, tgt, seg = forward(row)
-            lp = token_logprobs(logits, tgt, cfg.temperature)[None]
+                hidden, tgt, seg = forward(row)
+                lp, ent = _logprobs(model, hidden, tgt, cfg.temperature, chunk, need[b, m], on_policy)
+            lp = lp[None]
             if on_policy:
-                with torch.no_grad():
-                    observe(logits.detach(), tgt, lp[0].detach(), row)
+                observe(ent, lp[0].detach(), row)
             a, mask = adv[seg][None], torch.ones_like(lp)
             o = lp.detach() if on_policy else old[b, m][None]
             share = lp.numel() / max(n_mini, 1)
             loss = policy_loss(lp, o, a, mask, cfg.clip_low, cfg.clip_high) * share
-            if ref_model is not None and cfg.kl_coef > 0:
+            if use_ref:
                 kl = masked_mean(kl_k3(lp, ref[b, m][None]), mask)
                 loss = loss + cfg.kl_coef * kl * share
                 kl_sum += float(kl) * lp.numel()
             trainer.backward(loss)
+            del hidden
             loss_sum += float(loss.detach()) * n_mini
             clip_sum += clip_fraction(lp.detach(), o, a, mask, cfg.clip_low, cfg.clip_high) * lp.numel()
         grad_norms.append(trainer.step())
@@ -193,7 +251,7 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     out = {"loss": loss_sum / n, "entropy": ent_sum / n, "clip_fraction": clip_sum / n,
            "grad_norm": sum(grad_norms) / len(grad_norms), "policy_tokens_trained": int(n_tok),
            "rollout_logprob_gap": gap_sum / n}
-    if ref_model is not None and cfg.kl_coef > 0:
+    if use_ref:
         out["kl"] = kl_sum / n
     return out
 
@@ -220,16 +278,17 @@ def _kept_layer(model: Any, batch: list[tuple[Rollout | None, float]], cfg: Any)
 
 
 def policy_logprobs(model: Any, rollouts: Sequence[Rollout], temperature: float, pad_id: int,
-                    row_tokens: int = 8192) -> list[torch.Tensor]:
+                    row_tokens: int = 8192, chunk: int = LOGPROB_CHUNK) -> list[torch.Tensor]:
     """Per rollout, log_softmax(logits / temperature) of its policy tokens under ``model`` ([n_i] each,
-    in order; observation and prompt tokens excluded). No grad; rows packed up to ``row_tokens``."""
+    in order; observation and prompt tokens excluded). No grad; rows packed up to ``row_tokens``; the lm head
+    in chunks of ``chunk`` positions (any dtype: float32 per chunk)."""
     examples = [_example(r) for r in rollouts]
     dev = next(model.parameters()).device
     out: list[list[torch.Tensor]] = [[] for _ in rollouts]
     with torch.no_grad(), kit.attention_impl(model, "varlen"):
         for row in pack(examples, max(row_tokens, max(len(e) for e in examples))):
-            logits, tgt, seg = _forward(model, examples, row, pad_id, dev)
-            lp = token_logprobs(logits, tgt, temperature)
+            hidden, tgt, seg = _forward(model, examples, row, pad_id, dev)
+            lp, _ = _logprobs(model, hidden, tgt, temperature, chunk)
             for i in row:
                 out[i].append(lp[seg == i])
     return [torch.cat(parts) if parts else torch.zeros(0) for parts in out]
@@ -237,7 +296,8 @@ def policy_logprobs(model: Any, rollouts: Sequence[Rollout], temperature: float,
 
 def heldout_kl(policy: Any, reference: Any, rollouts: Sequence[Rollout], temperature: float, pad_id: int) -> float:
     """KL(policy || reference) per policy token, estimated on ``rollouts`` sampled from ``policy``:
-    the mean of log p(token) - log q(token) (the k1 estimator, unbiased under the policy's samples)."""
+    the mean of log p(token) - log q(token) (the k1 estimator, unbiased under the policy's samples). The two
+    models may differ in dtype (the RL model saved in bf16, the SFT model loaded in float32)."""
     if not rollouts:
         return float("nan")
     p = torch.cat(policy_logprobs(policy, rollouts, temperature, pad_id))
