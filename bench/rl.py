@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     from coa.rollout.hf import HFEngine
     from coa.rollout.types import Sampling
     from coa.runtime import agent_limits, tools_factory
-    from coa.train.dapo import first_trainable_layer, reward_score, train_dapo
+    from coa.train.dapo import reward_score, train_dapo
+    from coa.train.dapo.engine import rl_engine
 
     params = load_params(ROOT / "params.yaml")
     overrides = dict(kv.split("=", 1) for kv in args.set)
@@ -122,9 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                  "eval_k": args.eval_k}
 
     model, tok = load_pretrained(ROOT / args.policy)
+    engine = rl_engine(cfg, str(ROOT / args.policy), model, tok)  # the rl stage's engine
     dtype = resolve_dtype(cfg.engine.dtype)
-    policy = copy.deepcopy(model).to(dtype) if dtype != next(model.parameters()).dtype else model
-    engine = HFEngine(policy, tok, max_batch=cfg.engine.max_batch, keep_hidden=first_trainable_layer(model, cfg))
     start = time.perf_counter()
     filter_t = params.solve_filter.temperature if args.filter_temperature is None else args.filter_temperature
     if args.filter_k:  # the solve filter, cached per policy and settings (every probe of a sizing study reuses it)

@@ -24,6 +24,39 @@ def agent_limits(cfg: AgentLimitsConfig) -> Limits:
                   max_turn_tokens=cfg.max_turn_tokens, max_total_tokens=cfg.max_total_tokens)
 
 
+def check_vllm_share(cfg: Any, model_path: str, gpu_bytes: int | None = None) -> None:
+    """One line (SystemExit) when an `engine:` section's GPU share cannot hold its model's weights: the
+    safetensors in ``model_path`` over ``tensor_parallel_size`` GPUs against ``gpu_memory_utilization`` of one
+    GPU (``gpu_bytes``: this machine's first GPU; nothing to check without one)."""
+    from pathlib import Path
+
+    if gpu_bytes is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        gpu_bytes = torch.cuda.get_device_properties(0).total_memory
+    v = cfg.vllm
+    weights = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors")) / v.tensor_parallel_size
+    share = v.gpu_memory_utilization * gpu_bytes
+    if weights >= share:
+        raise SystemExit(f"engine.vllm.gpu_memory_utilization {v.gpu_memory_utilization} is {share / 1e9:.1f} GB of "
+                         f"a {gpu_bytes / 1e9:.0f} GB GPU, less than the {weights / 1e9:.1f} GB of weights each GPU "
+                         f"holds of {model_path} (tensor_parallel_size {v.tensor_parallel_size}): raise the share or "
+                         "tensor_parallel_size, or use sleep (docs/scale.md)")
+
+
+def vllm_options(cfg: Any) -> dict[str, Any]:
+    """VLLMEngine's keywords from an `engine:` section's ``vllm`` settings (coa.config.VllmConfig)."""
+    v = cfg.vllm
+    options: dict[str, Any] = {"gpu_memory_utilization": v.gpu_memory_utilization,
+                               "tensor_parallel_size": v.tensor_parallel_size, "enforce_eager": v.enforce_eager,
+                               "sleep": v.sleep, "cpu_kv_cache_gb": v.cpu_kv_cache_gb, "max_num_seqs": cfg.max_batch}
+    if v.max_model_len:
+        options["max_model_len"] = v.max_model_len
+    return options
+
+
 def engine_from(cfg: Any, model_path: str) -> Any:
     """A rollout engine from an `engine:` params section (coa.config.EngineConfig) and a model folder; its
     rollouts report progress (coa.progress.tracked)."""
@@ -34,13 +67,22 @@ def engine_from(cfg: Any, model_path: str) -> Any:
     model_folder(model_path, tokenizer_only=cfg.kind == "openai")  # a local folder, never a Hub repo id
     if cfg.kind == "hf":
         device = "cuda" if _cuda() else "cpu"
-        engine = make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device)
+        engine = make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device,
+                             tool_grace_s=cfg.tool_grace_s)
     elif cfg.kind == "vllm":
-        engine = make_engine("vllm", model_path, dtype=cfg.dtype)
+        check_vllm_share(cfg, model_path)
+        engine = make_engine("vllm", model_path, dtype=cfg.dtype, **vllm_options(cfg))
     else:
         engine = make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
                              api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)
     return tracked(engine, f"{cfg.kind} rollouts of {model_path}")
+
+
+def close_engine(engine: Any) -> None:
+    """Release an engine's processes and memory (vLLM's engine core and workers); nothing for the others."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
 
 
 def engine_dtype(cfg: Any) -> str | None:

@@ -32,6 +32,7 @@ from rich.logging import RichHandler
 
 from coa.config import ConfigError, Params, load_params, to_dict
 from coa.io import ArtifactError, MissingModelError, write_json
+from coa.launch import launch_ranks, use_vllm_environment
 from coa.track.registry import register_model
 from coa.track.runs import lineage_tags, stage_run
 
@@ -95,6 +96,12 @@ class Stage:
             self.params: Params = load_params(self.args.params)
         except ConfigError as err:
             parser.exit(2, f"{parser.prog}: bad params in {self.args.params}: {err}\n")
+        section = getattr(self.params, name, None)
+        engine, ds = getattr(section, "engine", None), getattr(section, "deepspeed", None)
+        if engine is not None and engine.kind == "vllm":  # vLLM has its own environment: switch to it
+            use_vllm_environment(f"stages.{name}", f"{name}.engine.kind", argv)
+        if ds is not None and ds.enabled:  # dvc repro starts one process: the stage launches its ranks
+            launch_ranks(f"stages.{name}", ds.processes, f"{name}.deepspeed.processes", argv)
         self.raw_params = yaml.safe_load(Path(self.args.params).read_text())
         self.compute: dict[str, Any] = {}  # dtype and CPU facts of a stage that computes with a model
 

@@ -25,7 +25,7 @@ from coa.device import compute_facts
 from coa.filters.difficulty import rejects, sample_closed_book, summary, task_stats, to_ask
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
-from coa.runtime import engine_dtype, engine_from
+from coa.runtime import close_engine, engine_dtype, engine_from
 from schemas import TASK_STATS_DTYPES, Task, TaskStats
 from stages._stage import Stage
 
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         samples = sample_closed_book(engine, todo, cfg.n_samples, sampling, cfg.max_new_tokens)
         sample_s = time.perf_counter() - start
+        close_engine(engine)
         stats = task_stats(tasks, samples, cfg.max_pass_rate, unchecked)
         table = pl.DataFrame([s.as_row() for s in stats], schema=TASK_STATS_DTYPES).sort("task_id")
         write_table(table, st.args.stats, TaskStats)

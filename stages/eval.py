@@ -44,7 +44,7 @@ from coa.eval.plots import publish
 from coa.eval.report import compare, eval_metrics, task_slices
 from coa.io import first_per_domain, read_table, write_table
 from coa.model import load_tokenizer
-from coa.runtime import agent_limits, engine_dtype, engine_from, judge_from, tools_factory
+from coa.runtime import agent_limits, close_engine, engine_dtype, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
 from coa.teacher.run import TeacherOutage, make_teacher, teacher_rows
 from schemas import EVAL_DTYPES, EvalRow, Task
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             timings[name] = round(time.perf_counter() - start, 2)
             if engine is not None:
                 throughput[name] = engine.throughput()
+                close_engine(engine)
             log.info("eval: %s in %.1f s", name, timings[name])
 
         renamed = {"tool_calls": "n_tool_calls", "turns": "n_turns"}  # the table's names for evaluate's keys

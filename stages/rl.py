@@ -16,19 +16,14 @@ started again resumes there. At the end the RL policy answers `heldout_tasks` ev
 domain, and KL(RL || SFT) per token is measured on those rollouts. The model is registered as
 `rl.register_as` (coa-policy).
 
-Many GPUs: set `rl.deepspeed.enabled: true` and `dist_backend: nccl` (configs/paper.yaml), then
-
-    deepspeed --num_gpus 8 --module stages.rl <the arguments above>
-    torchrun --nproc-per-node 8 -m stages.rl <the arguments above>
-
-The update runs in a DeepSpeed ZeRO engine; each rank rolls out its share of a step's groups with its own
-engine, which gets the trained weights module by module after every step (coa.train.dapo.ranks, coa.train.zero).
-Rank 0 alone writes the outputs, logs to MLflow and measures the held-out KL.
+Many GPUs (configs/paper.yaml: `rl.deepspeed` ZeRO-3 over NCCL, `rl.engine.kind: vllm`): `dvc repro rl` launches
+`rl.deepspeed.processes` ranks itself (coa.launch), or run it under `deepspeed --num_gpus 8 --module stages.rl`.
+Each rank rolls out its share of a step's groups with its engine (coa.train.dapo.engine), which gets the trained
+weights module by module after every step; rank 0 alone writes the outputs, logs and measures the held-out KL.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import shutil
@@ -36,18 +31,17 @@ import sys
 from contextlib import nullcontext
 
 import polars as pl
-import torch
 
 from coa.config import derive_seed, to_dict
 from coa.device import compute_facts, resolve_dtype
 from coa.io import first_per_domain, md5_path, read_table, write_json
 from coa.model import load_pretrained
-from coa.progress import tracked
 from coa.prompts import render_prompt
 from coa.rewards import RewardSpec
 from coa.rollout.types import Request, Sampling
-from coa.runtime import agent_limits, engine_from, judge_from, tools_factory
-from coa.train.dapo import first_trainable_layer, heldout_kl, reward_score, train_dapo
+from coa.runtime import agent_limits, judge_from, tools_factory
+from coa.train.dapo import heldout_kl, reference_model, reward_score, train_dapo
+from coa.train.dapo.engine import close_engine, rl_engine
 from coa.train.dapo.ranks import check_launch, zero_settings
 from coa.train.kit import save_trained
 from coa.train.zero import zero3_loading
@@ -81,30 +75,9 @@ def main(argv: list[str] | None = None) -> None:
         del hold
         # the update's dtype, resolved where train_dapo resolves it (the policy's device)
         st.compute = compute_facts(resolve_dtype(cfg.dtype, next(model.parameters()).device))
-        if cfg.engine.kind == "hf":
-            from coa.rollout.hf import HFEngine
-
-            # rollouts in the engine's dtype (bf16 where native) from a copy synced after every update
-            device = _rank_device() if cfg.deepspeed.enabled else next(model.parameters()).device
-            rollout_dtype = resolve_dtype(cfg.engine.dtype, device)
-            if cfg.deepspeed.enabled:  # DeepSpeed's module (ZeRO-3: sharded) trains; the engine has its own copy
-                policy = load_pretrained(st.args.policy, rollout_dtype)[0].to(device)
-            else:
-                policy = model if rollout_dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(rollout_dtype)
-            # with rl.trainable_layers the rollouts keep the states entering the first trainable layer: the
-            # update starts there instead of running the frozen layers again (coa.train.dapo.update)
-            engine = tracked(HFEngine(policy, tok, max_batch=cfg.engine.max_batch,
-                                      keep_hidden=first_trainable_layer(model, cfg)), "hf rollouts of the RL policy")
-        else:
-            engine = engine_from(cfg.engine, st.args.policy)
-            if not hasattr(engine, "sync"):
-                raise SystemExit(f"rl.engine.kind={cfg.engine.kind} cannot receive the trained weights; "
-                                 "use hf or vllm")
-        ref = load_pretrained(st.args.policy)[0] if cfg.kl_coef > 0 else None
-        spec = RewardSpec.of(cfg, agent.max_total_tokens)
-        judge = judge_from(st.params.common.judge)
-
-        score = reward_score(spec, judge)
+        engine = rl_engine(cfg, st.args.policy, model, tok)  # hf beside the model, or vLLM per rank
+        ref = reference_model(st.args.policy, cfg)  # None unless rl.kl_coef > 0; under ZeRO-3 sharded
+        score = reward_score(RewardSpec.of(cfg, agent.max_total_tokens), judge_from(st.params.common.judge))
 
         def log_step(step: int, metrics: dict[str, float]) -> None:
             st.run.log_metrics({"train": metrics}, step=step)
@@ -115,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
                             seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step if main_rank else None,
                             ref_model=ref)
         if not main_rank:
+            close_engine(engine)
             return
 
         out = save_trained(result.model, tok, st.args.out, {"common": to_dict(st.params.common), "rl": to_dict(cfg)},
@@ -125,15 +99,16 @@ def main(argv: list[str] | None = None) -> None:
         heldout = first_per_domain(tasks.filter(pl.col("split") == "eval"), cfg.heldout_tasks).to_dicts() \
             if cfg.heldout_tasks else []
         kl = float("nan")
-        if heldout and cfg.engine.kind == "hf":
+        if heldout:
             requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"])
                         for t in heldout]
             rollouts = engine.rollout(requests, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed),
                                       agent_limits(agent), tools)
-            sft_model = load_pretrained(st.args.policy)[0]
+            sft_model = load_pretrained(st.args.policy, next(result.model.parameters()).dtype)[0]
             kl = heldout_kl(result.model, sft_model, rollouts, cfg.temperature, tok.pad_token_id)
 
         rate = engine.throughput()  # decode steps per batch size: bench/rollout.py --stages
+        close_engine(engine)
         metrics = {**result.metrics(len(train), len(heldout), kl), "policy_tokens_per_s": rate["policy_tokens_per_s"],
                    "engine": rate}
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
@@ -142,14 +117,6 @@ def main(argv: list[str] | None = None) -> None:
         st.register(out, cfg.register_as, {"coa.model_md5": md5_path(out)})
         st.finish(metrics)
         shutil.rmtree(st.args.checkpoints, ignore_errors=True)
-
-
-def _rank_device() -> torch.device:
-    """This rank's accelerator (the launcher's LOCAL_RANK), else the CPU."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from coa.eval.evaluate import evaluate
 from coa.filters.solve import decide, select, summary
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
-from coa.runtime import agent_limits, engine_dtype, engine_from, judge_from, tools_factory
+from coa.runtime import agent_limits, close_engine, engine_dtype, engine_from, judge_from, tools_factory
 from schemas import TASK_STATS_DTYPES, Task, TaskStats, Trajectory
 from stages._stage import Stage
 
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         result = evaluate(engine, todo, cfg.k, sampling, agent_limits(st.params.common.agent),
                           tools_factory(st.params.common.tools, st.args.index), judge=judge_from(st.params.common.judge))
         sample_s = time.perf_counter() - start
+        close_engine(engine)
 
         rows, dropped = decide(todo, result.rows, cfg)
         rejects += dropped

@@ -34,6 +34,7 @@ from coa.config.sections import (
     TeacherConfig,
     TeamLimitsConfig,
     ToolsConfig,
+    VllmConfig,
     load_params,
 )
 
@@ -41,5 +42,5 @@ __all__ = ["ADAPTER_KINDS", "WORLD_KINDS", "AgentLimitsConfig", "BaseConfig", "C
            "CurateConfig", "DeepSpeedConfig", "DifficultyConfig", "DistillConfig", "DistillFiltersConfig",
            "DomainSamplingConfig", "EngineConfig", "EvalConfig", "IndexConfig", "JudgeConfig", "OfflineStyleConfig",
            "Params", "RlConfig", "SftConfig", "SolveFilterConfig", "SourceConfig", "TeacherConfig", "TeamLimitsConfig",
-           "TinyModelConfig", "TokenizerConfig", "ToolsConfig", "build", "derive_seed", "flatten", "load_params",
+           "TinyModelConfig", "TokenizerConfig", "ToolsConfig", "VllmConfig", "build", "derive_seed", "flatten", "load_params",
            "load_yaml", "to_dict"]

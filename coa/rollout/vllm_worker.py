@@ -1,0 +1,84 @@
+"""The weight sync on vLLM's workers: a worker extension, named by import path, that RL calls by method name.
+
+    LLM(..., worker_extension_cls="coa.rollout.vllm_worker.WeightSync")
+    llm.collective_rpc("coa_begin_weights")
+    for chunk in chunks:                                  # (name, tensor) pairs, one module at a time
+        llm.collective_rpc("coa_load_weights", args=(names, tensors))
+    llm.collective_rpc("coa_end_weights")                 # post-load processing, then the load is checked
+
+vLLM injects the class into its worker class, so every worker (one per tensor-parallel rank) has these
+methods, and ``collective_rpc`` sends only a method name and tensors, which vLLM's msgpack transport carries
+(no pickled function, so ``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off and vLLM's multiprocessing on).
+The load streams into vLLM's in-place layer-by-layer reload (``vllm.model_executor.model_loader.reload``):
+``coa_begin_weights`` arms it, each chunk goes through the model's own ``load_weights`` (which maps Hugging
+Face names onto vLLM's fused, tensor-parallel-sharded parameters), and a layer is processed for its kernels
+(the CPU build repacks its weights; quantised layers re-quantise) as soon as all its weights have arrived;
+``coa_end_weights`` finishes the rest and checks that every parameter was written. No worker ever holds a
+second full copy of the model. Imports vLLM: it runs only inside vLLM's workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def pack(tensor: Any) -> list[Any]:
+    """A CPU tensor as [dtype name, shape, raw bytes]: plain msgpack types, so vLLM's transport carries it
+    between its processes as it is (its own tensor encoding is decoded only where a signature names a tensor)."""
+    t = tensor.detach().to("cpu").contiguous()
+    return [str(t.dtype).removeprefix("torch."), list(t.shape), t.view(-1).view(_uint8()).numpy().tobytes()]
+
+
+def unpack(packed: list[Any]) -> Any:
+    """The tensor ``pack`` made (a fresh CPU tensor)."""
+    import torch
+
+    dtype, shape, data = packed
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+class WeightSync:
+    """Mixed into vLLM's worker (``self`` is the worker: ``model_runner``, ``vllm_config``)."""
+
+    def coa_begin_weights(self) -> None:
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        model = self.model_runner.get_model()
+        initialize_layerwise_reload(model)
+        self._coa_expected = {n for n, _ in model.named_parameters()}
+        self._coa_loaded: set[str] = set()
+
+    def coa_load_weights(self, names: list[str], packed: list[list[Any]]) -> int:
+        """Load one chunk (tensors as ``pack`` made them) through the model's own loader; returns how many
+        tensors it took."""
+        from vllm.config import set_current_vllm_config
+
+        weights = [(name, unpack(p)) for name, p in zip(names, packed, strict=True)]
+        with set_current_vllm_config(self.vllm_config):
+            loaded = self.model_runner.get_model().load_weights(iter(weights))
+        self._coa_loaded |= set(loaded or ())
+        return len(names)
+
+    def coa_end_weights(self) -> list[str]:
+        """Post-load processing of what is left; the engine's parameters that no chunk wrote (empty: all)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        model = self.model_runner.get_model()
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        missing = sorted(self._coa_expected - self._coa_loaded)
+        del self._coa_expected, self._coa_loaded
+        return missing
+
+    def coa_weight_checksum(self) -> float:
+        """Sum of every parameter (float64): tests tell whether a sync reached the worker."""
+        import torch
+
+        return float(sum(p.detach().to(torch.float64).sum() for p in self.model_runner.get_model().parameters()))
