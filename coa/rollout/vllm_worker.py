@@ -49,9 +49,7 @@ class WeightSync:
     def coa_begin_weights(self) -> None:
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
 
-        model = self.model_runner.get_model()
-        initialize_layerwise_reload(model)
-        self._coa_expected = {n for n, _ in model.named_parameters()}
+        initialize_layerwise_reload(self.model_runner.get_model())
         self._coa_loaded: set[str] = set()
 
     def coa_load_weights(self, names: list[str], packed: list[list[Any]]) -> int:
@@ -73,9 +71,17 @@ class WeightSync:
         model = self.model_runner.get_model()
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(model, self.vllm_config.model_config)
-        missing = sorted(self._coa_expected - self._coa_loaded)
-        del self._coa_expected, self._coa_loaded
+        # after the reload, as the model's own parameters: a tied head is the embedding's, listed once
+        missing = sorted({n for n, _ in model.named_parameters()} - self._coa_loaded)
+        del self._coa_loaded
         return missing
+
+    def coa_parameter_sums(self) -> dict[str, float]:
+        """Each parameter's sum (float64) by name, ties reported under every name (tests and checks)."""
+        import torch
+
+        model = self.model_runner.get_model()
+        return {n: float(p.detach().to(torch.float64).sum()) for n, p in model.named_parameters(remove_duplicate=False)}
 
     def coa_weight_checksum(self) -> float:
         """Sum of every parameter (float64): tests tell whether a sync reached the worker."""

@@ -59,3 +59,32 @@ def test_a_sync_that_misses_parameters_says_so(build, web_model):
             engine.sync([state])
     finally:
         engine.sync(web_model)
+
+
+def test_module_chunks_of_a_tied_model_reach_the_engine(tmp_path, tok):
+    """The ZeRO-3 path's chunks (coa.train.zero.module_weights: a tied head sent once, as the embedding) load
+    whole: the engine's head is the new embedding and no parameter is reported missing."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from coa.model import save_pretrained
+    from coa.train.zero import module_weights
+    from tests.rollout.conftest import vllm_engine
+
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=128, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    start = Qwen2ForCausalLM(cfg)
+    torch.manual_seed(1)
+    trained = Qwen2ForCausalLM(cfg)
+    save_pretrained(start, tok, tmp_path / "tied", {})
+    engine = vllm_engine(tmp_path / "tied")
+    try:
+        engine.sync(module_weights(trained))
+        sums = engine._run(engine.llm.collective_rpc("coa_parameter_sums"))[0]
+    finally:
+        engine.close()
+    target = float(trained.model.embed_tokens.weight.double().sum())
+    assert abs(sums["lm_head.weight"] - target) < 1e-6 and abs(sums["model.embed_tokens.weight"] - target) < 1e-6
+    norm = float(trained.model.norm.weight.double().sum())
+    assert abs(sums["model.norm.weight"] - norm) < 1e-6
