@@ -48,9 +48,15 @@ SUPPORTED = ("llama", "qwen2", "mistral")
 PACK_HINT = 64  # the batch size oneDNN's weight layout is chosen for (any batch runs on it)
 
 
-def _packing() -> bool:
-    """Whether this torch can pack linear weights for oneDNN (CPU builds with mkldnn)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+def _packing(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch can pack linear weights of ``dtype`` for oneDNN (CPU builds with mkldnn; bf16 only
+    where the CPU has oneDNN's bf16 path: AVX512BW/VL/DQ or AVX-NE-CONVERT, not a plain AVX2 laptop)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    if dtype == torch.bfloat16:
+        check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+        return bool(check()) if check is not None else False
+    return dtype == torch.float32
 
 
 class Linear:
@@ -59,7 +65,7 @@ class Linear:
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, pack: bool = True):
         self.b = b
-        self.packed = pack and _packing() and w.dtype in (torch.bfloat16, torch.float32)
+        self.packed = pack and _packing(w.dtype)
         self.w = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT) if self.packed else w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
