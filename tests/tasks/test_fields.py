@@ -189,7 +189,8 @@ def test_every_adapter_rejects_missing_and_wrong_typed_fields_and_coerces_nothin
         def check(cases):
             records = [copy.deepcopy(template)]
             for i, (record, _) in enumerate(cases, 1):
-                if _get_id(record, id_field) == _get_id(template, id_field):  # untouched: made unique
+                mine, theirs = _get_id(record, id_field), _get_id(template, id_field)
+                if type(mine) is type(theirs) and mine == theirs:  # untouched: made unique (True == 1 is a mutation)
                     _set_id(record, id_field, f"r{i}")
                 records.append(record)
             path.write_text("".join(json.dumps(r) + "\n" for r in records))
