@@ -3,7 +3,7 @@
     LLM(..., worker_extension_cls="coa.rollout.vllm_worker.WeightSync")
     llm.collective_rpc("coa_begin_weights")
     for chunk in chunks:                                  # (name, tensor) pairs, one module at a time
-        llm.collective_rpc("coa_load_weights", args=(names, tensors))
+        llm.collective_rpc("coa_load_weights", args=(names, [pack(t) for t in tensors]))
     llm.collective_rpc("coa_end_weights")                 # post-load processing, then the load is checked
 
 vLLM injects the class into its worker class, so every worker (one per tensor-parallel rank) has these
