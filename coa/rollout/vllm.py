@@ -75,6 +75,12 @@ class VLLMEngine:
 
         if cpu_kv_cache_gb is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kv_cache_gb))
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # a prefill split over steps rewinds its seeded CPU generator, which torch's CPU generators refuse
+            # ("CPU Generator does not use offset", vLLM 0.32's CPU build): every prompt is prefilled whole
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
         args = AsyncEngineArgs(model=str(model_path), dtype=dtype, seed=seed, enable_prefix_caching=enable_prefix_caching,
                                worker_extension_cls=WORKER_EXTENSION, enable_sleep_mode=sleep,
                                logprobs_mode="processed_logprobs", **engine_kwargs)
