@@ -1,0 +1,57 @@
+"""The `engine:` sections (difficulty, solve_filter, rl, eval): how a policy is run, and vLLM's settings.
+
+    from coa.config import EngineConfig, VllmConfig
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from coa.config.kit import _help, _require
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    gpu_memory_utilization: float = _help(
+        "Share of each GPU's memory the engine takes for its weights, activations and KV cache (vLLM's default "
+        "0.9 leaves a trainer beside it nothing; docs/scale.md sizes it).", default=0.4)
+    tensor_parallel_size: int = _help(
+        "GPUs one engine spans: in rl one engine per group of this many consecutive ranks, on their devices (it "
+        "must divide the ranks); elsewhere the GPUs of the one engine.", default=1)
+    sleep: bool = _help(
+        "rl: the engine sleeps during every update (its weights and KV cache released from the GPU, vLLM's sleep "
+        "mode level 1) and wakes for the rollouts; CUDA only.", default=False)
+    max_model_len: int = _help("Longest prompt + trajectory in tokens (0 = the model's own limit).", default=0)
+    enforce_eager: bool = _help("No CUDA graphs (less memory, slower decode).", default=False)
+    cpu_kv_cache_gb: int = _help("vLLM's CPU build: its KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE).", default=1)
+
+    def __post_init__(self) -> None:
+        _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be within (0, 1]")
+        _require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
+        _require(self.max_model_len >= 0, "max_model_len", "must be >= 0 (0 = the model's own)")
+        _require(self.cpu_kv_cache_gb >= 1, "cpu_kv_cache_gb", "must be >= 1 (whole GiB)")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kind: Literal["hf", "vllm", "openai"] = _help(
+        "hf: transformers with a KV cache, batched (CPU or GPU); vllm: in-process vllm.LLM (GPU; its own venv, see "
+        "docs/scale.md#vllm); openai: HTTP to an OpenAI-compatible completions server.")
+    dtype: Literal["auto", "float32", "bfloat16"] = _help(
+        "hf/vllm: weights and compute dtype; auto = bfloat16 where the hardware computes it natively (CUDA, "
+        "AVX512_BF16/AMX CPUs), else float32.")
+    max_batch: int = _help("hf: trajectories decoded together; vllm/openai: requests in flight.")
+    base_url: str = _help("openai: the server, e.g. http://127.0.0.1:8000/v1.")
+    served_model: str = _help("openai: the served model name.")
+    api_key_env: str = _help("openai: the environment variable holding the API key (unset = no key).")
+    tool_grace_s: float | None = _help(
+        "hf: seconds the batch waits for a tool past its due step before the row is parked and the other rows go "
+        "on (a slow web call stalls only its own trajectory); null = always wait (byte-identical reruns; fit for "
+        "local tools); 0.05 suits remote tools (docs/engine.md).", default=None)
+    vllm: VllmConfig = _help("vllm: the engine's share of the GPU, tensor parallelism, sleep mode (docs/scale.md).",
+                             default_factory=VllmConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.max_batch >= 1, "max_batch", "must be >= 1")
+        _require(self.tool_grace_s is None or self.tool_grace_s >= 0, "tool_grace_s", "must be >= 0 or null")
