@@ -29,7 +29,9 @@ row's last token, the one whose logits the engine samples from.
 Supported: decoder-only models whose layers are ``self_attn.{q,k,v,o}_proj`` (q/k/v bias allowed, no o bias),
 ``mlp.{gate,up,down}_proj`` without bias and SiLU, RMS norms ``input_layernorm``/``post_attention_layernorm``
 and the final ``model.norm``, default RoPE applied as rotate-half (Llama, Qwen2, Mistral without a sliding
-window), on the CPU with the C kernels built. Anything else returns None from :meth:`build`.
+window), on the CPU with the C kernels built, in a dtype and at head shapes they take
+(coa.rollout.kernel.unsupported). Anything else returns None from :meth:`build`, which logs why once: the
+engine then runs transformers' layers, decided before the rollout, never an error in the middle of one.
 Numerics: the same operations as transformers up to rounding (norms, RoPE and SiLU are computed in float32
 and rounded once; transformers rounds to the model's dtype between some of them).
 """
@@ -41,7 +43,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from coa.rollout.kernel import CpuKernels, cpu_kernels
+from coa.rollout.kernel import CpuKernels, cpu_kernels, fallback
+from coa.rollout.kernel import unsupported as kernel_unsupported
 from coa.rollout.paged import PagedCache, PagedStep
 
 SUPPORTED = ("llama", "qwen2", "mistral")
@@ -74,6 +77,13 @@ class Linear:
         return F.linear(x, self.w, self.b)
 
 
+def heads(config: Any) -> tuple[int, int, int]:
+    """(query heads, KV heads, head dim) of a Llama-family config."""
+    n = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or n
+    return n, kv, getattr(config, "head_dim", None) or config.hidden_size // n
+
+
 def unsupported(model: Any) -> str | None:
     """Why :class:`FusedDecoder` cannot run ``model`` (None: it can)."""
     config = getattr(model, "config", None)
@@ -94,11 +104,12 @@ def unsupported(model: Any) -> str | None:
     if getattr(attn.o_proj, "bias", None) is not None or any(getattr(getattr(mlp, n), "bias", None) is not None
                                                              for n in ("gate_proj", "up_proj", "down_proj")):
         return "o_proj or MLP biases"
-    if next(model.parameters()).device.type != "cpu":
+    param = next(model.parameters())
+    if param.device.type != "cpu":
         return "not on the CPU"
     if cpu_kernels() is None:
         return "the C kernels are not built"
-    return None
+    return kernel_unsupported(param.dtype, *heads(config))
 
 
 class FusedDecoder:
@@ -106,10 +117,7 @@ class FusedDecoder:
 
     def __init__(self, model: Any, ops: CpuKernels):
         self.model, self.ops = model, ops
-        config = model.config
-        self.n_heads = config.num_attention_heads
-        self.n_kv = getattr(config, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.n_heads, self.n_kv, self.head_dim = heads(model.config)
         self.scale = self.head_dim ** -0.5
         self.eps = float(model.model.norm.variance_epsilon)
         rotary = model.model.rotary_emb
@@ -119,8 +127,12 @@ class FusedDecoder:
 
     @classmethod
     def build(cls, model: Any) -> FusedDecoder | None:
-        """A decoder for ``model``, or None where it is not supported (:func:`unsupported`)."""
-        return cls(model, cpu_kernels()) if unsupported(model) is None else None
+        """A decoder for ``model``, or None where it is not supported (:func:`unsupported`: logged once)."""
+        reason = unsupported(model)
+        if reason is not None:
+            fallback("the fused decoder", reason)
+            return None
+        return cls(model, cpu_kernels())
 
     @torch.no_grad()
     def load(self) -> None:

@@ -63,8 +63,11 @@ Requirements: a causal LM whose ``base_model`` takes ``input_ids, position_ids, 
 use_cache`` and keyword arguments that reach its attention function (transformers' attention interface:
 Llama, Qwen2, Mistral and most decoders), calls ``past_key_values.update(keys, values, layer_idx)`` and
 returns ``last_hidden_state``, and whose output embedding (``get_output_embeddings()``) maps hidden states
-to logits. Every layer is treated as full attention (no sliding windows); models that post-process
-logits (soft-capping, logit scales) are not supported.
+to logits. A layer's sliding window (the ``sliding_window`` its attention function is passed: Mistral,
+Qwen2's sliding layers) is applied as transformers applies it, by torch's attention. What the C kernels do
+not take (a sliding window, float16, larger head shapes: coa.rollout.kernel) runs through torch with its
+reason logged once, never an error in a rollout. Models that post-process logits (soft-capping, logit
+scales) are not supported.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
     kernel = decode_kernel()               # None where no C compiler works (the engine then uses torch)
     out = kernel(q, k_pool, v_pool, table, lens, scale)   # [S, H, D] float32
     ops = cpu_kernels()                    # the same library's fused decode-layer ops (coa.rollout.fused)
-    out = ops.decode_attention(qkv, cos, sin, k_pool, v_pool, table, pos, heads, scale)  # RoPE, cache write, attention
+    out = ops.decode_attention(qkv, cos, sin, k_pool, v_pool, table, pos, heads, scale, max_len)
+                                           # RoPE, the cache write, attention: [S, heads * D]
     ops.add_rms_norm(x, y, w, eps, h); ops.silu_mul(gu, out)
 
 Why kernels: a decode step reads every cached key and value once, so its attention is bound by memory
@@ -14,10 +15,26 @@ table (coa.rollout.paged), in the cache's dtype, and accumulates in float32. The
 work (RoPE, the cache write, the residual add and RMS norm, SiLU-and-multiply) is one C call each instead of
 the handful of torch operations (and their dtype round trips) a transformers layer spends on it.
 
-The shared library is compiled once per source, compiler flags and machine (``-march=native``) into
-``$COA_KERNEL_DIR`` (default ``~/.cache/coa/kernels``) with ``$CC`` (default ``cc``), about a second;
-it links torch's OpenMP runtime (already loaded, so one thread pool serves both). ``COA_KERNEL=0`` turns
-it off. A failed build is logged once and the engine falls back to torch (same results up to rounding).
+Supported: bfloat16 and float32 on the CPU, up to MAX_GROUP (64) query heads per KV head and an even head
+dim up to MAX_HEAD_DIM (256) (every buffer sized by them lives in the per-thread scratch this module
+allocates; tests/rollout/test_kernel.py runs the corners under AddressSanitizer), any block size, full
+causal attention. What is not (float16, larger shapes, a sliding window, a model the fused decoder does not
+know) is never an error in a rollout: the engine computes it with torch and logs the reason once
+(:func:`unsupported`, :func:`fallback`). AVX-512 (and AVX512_BF16) builds take hand-written paths for head
+dim 64; every other build and shape runs plain loops the compiler vectorises.
+
+The shared library is compiled at first use, about a second, once per source, compiler command, flags and
+CPU (its model and features: /proc/cpuinfo on Linux, sysctl on macOS); it links torch's OpenMP runtime
+(already loaded, so one thread pool serves both). Settings, read at the first use in a process:
+
+    CC                 the compiler command, arguments allowed (default ``cc``; e.g. ``ccache gcc``)
+    COA_KERNEL_MARCH   its -march (default ``native``; ``x86-64-v3``: the AVX2 build any such x86 CPU runs;
+                       a value naming instructions the CPU lacks dies of SIGILL at the first call)
+    COA_KERNEL_DIR     where the libraries are kept (default ``~/.cache/coa/kernels``)
+    COA_KERNEL=0       no kernels: torch everywhere (``cpu_kernels.cache_clear()`` re-reads it in a process)
+
+A missing source (an install without the package data), a missing compiler, a failed build or one over
+BUILD_TIMEOUT_S is logged once and the engine falls back to torch (same results up to rounding).
 """
 
 from __future__ import annotations
@@ -27,6 +44,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -37,13 +55,17 @@ from typing import Any, Protocol
 import torch
 
 log = logging.getLogger(__name__)
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 SOURCE = Path(__file__).with_name("kernels.c")
 # No -ffast-math: linking it sets flush-to-zero for the whole process (crtfastmath.o), and every float op in
 # numpy, torch and hypothesis then loses subnormals. Reassociation alone is what vectorises the reductions.
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
-         "-fopenmp", "-shared", "-fPIC"]
-MAX_GROUP = 64  # query heads per KV head the kernel holds on its stack
+FLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-fopenmp",
+         "-shared", "-fPIC"]
+BUILD_TIMEOUT_S = 120
+# The largest query heads per KV head and head dim the engine runs the attention kernels at: their buffers are
+# sized from the shapes (kernels.c's SCRATCH), and these corners are the ones tested under AddressSanitizer.
+MAX_GROUP, MAX_HEAD_DIM = 64, 256
 
 
 class DecodeKernel(Protocol):
@@ -52,20 +74,33 @@ class DecodeKernel(Protocol):
 
 
 def _cpu_id() -> str:
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    """What a -march=native build depends on: the CPU's model and features, on every platform."""
+    parts = [platform.machine(), platform.processor()]
+    try:  # x86: model name and flags; ARM: Features, CPU implementer and part (a line per core: each kind once)
+        parts += sorted({line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU implementer",
+                                                           "CPU part")})
     except OSError:
-        flags = ""
-    return f"{platform.machine()} {flags}"
+        pass
+    if platform.system() == "Darwin":
+        try:
+            parts.append(subprocess.run(["sysctl", "machdep.cpu.brand_string", "hw.optional"], capture_output=True,
+                                        text=True, timeout=10).stdout)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return "\n".join(parts)
 
 
-def _build() -> Path:
-    """The shared library for this source, flags and CPU (compiled on first use)."""
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        raise RuntimeError(f"no C compiler ({cc!r} not found; set $CC)")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([cc, *FLAGS, _cpu_id()]).encode()).hexdigest()[:16]
+def _build(extra: tuple[str, ...] = ()) -> Path:
+    """The shared library for this source, compiler, flags (FLAGS, ``-march=$COA_KERNEL_MARCH``, ``extra``)
+    and CPU, compiled on first use. Raises RuntimeError with the reason where it cannot."""
+    cc = shlex.split(os.environ.get("CC") or "cc")
+    if not cc or shutil.which(cc[0]) is None:
+        raise RuntimeError(f"no C compiler ({os.environ.get('CC') or 'cc'!r} not found; set $CC)")
+    if not SOURCE.is_file():
+        raise RuntimeError(f"{SOURCE} is missing (installed without coa's package data)")
+    flags = [*FLAGS, f"-march={os.environ.get('COA_KERNEL_MARCH') or 'native'}", *extra]
+    key = hashlib.sha256(SOURCE.read_bytes() + "\n".join([*cc, *flags, _cpu_id()]).encode()).hexdigest()[:16]
     folder = Path(os.environ.get("COA_KERNEL_DIR", Path.home() / ".cache" / "coa" / "kernels"))
     lib = folder / f"kernels-{key}.so"
     if lib.exists():
@@ -73,16 +108,21 @@ def _build() -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:  # build aside, then rename: concurrent builds are safe
         out = Path(tmp) / lib.name
-        run = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True)
-        if run.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {run.stderr.strip()[-500:]}")
+        try:
+            run = subprocess.run([*cc, *flags, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True,
+                                 timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{shlex.join(cc)} took over {BUILD_TIMEOUT_S} s") from None
+        if run.returncode != 0:  # its error lines first (gcc lists every -march value after a bad one)
+            lines = run.stderr.strip().splitlines()
+            errors = [line for line in lines if "error" in line] or lines
+            raise RuntimeError(f"{shlex.join(cc)} failed: {' '.join(errors)[:500]}")
         out.replace(lib)
     return lib
 
 
-@cache
 def _library() -> ctypes.CDLL | None:
-    """The built library, or None (``COA_KERNEL=0``, or no working compiler: logged once)."""
+    """The built library, or None (``COA_KERNEL=0``, or it cannot be built or loaded: logged)."""
     if os.environ.get("COA_KERNEL", "1") == "0":
         return None
     try:
@@ -92,8 +132,24 @@ def _library() -> ctypes.CDLL | None:
         return None
 
 
+def unsupported(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> str | None:
+    """Why the attention kernels cannot run a layer of these (None: they can; see the module docstring)."""
+    if dtype not in _SUFFIX:
+        return f"dtype {dtype} (the kernels take bfloat16 and float32)"
+    if heads % kv_heads or heads // kv_heads > MAX_GROUP:
+        return f"{heads} query heads over {kv_heads} KV heads (the kernels take up to {MAX_GROUP} per KV head)"
+    if head_dim % 2 or head_dim > MAX_HEAD_DIM:
+        return f"head dim {head_dim} (the kernels take even ones up to {MAX_HEAD_DIM})"
+    return None
+
+
+@cache
+def fallback(what: str, reason: str) -> None:
+    """Log, once per process for each (what, reason), that the hf engine runs ``what`` with torch instead."""
+    log.warning("CPU kernels not used for %s: %s; the hf engine runs it with torch", what, reason)
+
+
 _P, _I32, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 _SIGNATURES = {  # name: (argtypes, restype)
     "paged_attention": ([_P, _P, _P, _P, _I32, _P, _I32, _I32, _I32, _I32, _I32, _I32, _F32, _P, _P, _I32], None),
     "decode_attention": ([_P, _P, _P, _P, _P, _P, _I32, _P, _I32, _I32, _I32, _I32, _I32, _I32, _F32, _P, _P, _I32],
@@ -105,8 +161,9 @@ _SIGNATURES = {  # name: (argtypes, restype)
 
 
 def _scratch(threads: int, group: int, max_len: int, d: int) -> torch.Tensor:
-    """Per-thread float32 scratch of the attention kernels (scores, a row, q and two [R, D] accumulators)."""
-    return torch.empty(threads * (group * max_len + (3 * group + 1) * d), dtype=torch.float32)
+    """Per-thread float32 scratch of the attention kernels: kernels.c's SCRATCH(R, D, max_len) floats each
+    (scores, a row, q, the accumulators, 1/sum per row, decode_attention's output and rotated q)."""
+    return torch.empty(threads * (group * max_len + (4 * group + 1) * d + group), dtype=torch.float32)
 
 
 class CpuKernels:
@@ -134,8 +191,8 @@ class CpuKernels:
         s, heads, d = q.shape
         _, hk, bs, _ = k.shape
         group = heads // hk
-        if (k.dtype not in _SUFFIX or v.dtype != k.dtype or not (k.is_contiguous() and v.is_contiguous())
-                or table.dtype != torch.int32 or lens.dtype != torch.int32 or group > MAX_GROUP or k.device.type != "cpu"):
+        if (unsupported(k.dtype, heads, hk, d) or v.dtype != k.dtype or not (k.is_contiguous() and v.is_contiguous())
+                or table.dtype != torch.int32 or lens.dtype != torch.int32 or k.device.type != "cpu"):
             raise ValueError("decode kernel: unsupported inputs (see coa.rollout.kernel.decode_kernel)")
         qk = q.to(k.dtype).contiguous()  # heads h*group .. h*group+group-1 share KV head h (as repeat_kv lays them out)
         out = torch.empty((s, heads, d), dtype=torch.float32)
@@ -157,7 +214,7 @@ class CpuKernels:
         s = qkv.shape[0]
         _, hk, bs, d = k.shape
         group = heads // hk
-        if group > MAX_GROUP or d > 256 or qkv.dtype != k.dtype or not qkv.is_contiguous():
+        if unsupported(k.dtype, heads, hk, d) or qkv.dtype != k.dtype or not qkv.is_contiguous():
             raise ValueError("decode_attention: unsupported inputs (see coa.rollout.kernel.CpuKernels)")
         out = torch.empty((s, heads * d), dtype=k.dtype)
         threads = torch.get_num_threads()
@@ -199,7 +256,7 @@ class CpuKernels:
 
 @cache
 def cpu_kernels() -> CpuKernels | None:
-    """The compiled kernels, or None (``COA_KERNEL=0``, or no working compiler: logged once)."""
+    """The compiled kernels, or None (``COA_KERNEL=0``, or they cannot be built: logged once)."""
     lib = _library()
     return CpuKernels(lib) if lib is not None else None
 

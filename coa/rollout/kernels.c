@@ -17,7 +17,9 @@
  * add_rms_norm_T      x += y (when y is given), h = x / rms(x) * w, per row of H
  * silu_mul_T          out = silu(gu[:, :I]) * gu[:, I:]
  *
- * scratch float32 [threads, R * max_len + (2 * R + 1) * D + R * D] for the attention kernels.
+ * scratch float32 [threads, SCRATCH(R, D, max_len)] for the attention kernels (kernel.py's _scratch): every
+ * buffer whose size depends on R or D lives there, so no shape the caller admits overruns a fixed array (the
+ * AVX-512 paths' register arrays hold R <= 16 and D = 64: FAST_* checks both).
  * Each (row, KV head) is one task computed by one thread in a fixed order (scores, softmax, values), so a
  * row's result does not depend on the batch or the thread count. Only a row's own positions are read.
  * Scores and sums are float32. With AVX-512 (and AVX512_BF16 for bf16), D = 64 and BS = 16, hand-written
@@ -30,6 +32,11 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+
+/* one thread's scratch, in floats: attend's R score rows (stride ld), a key or value row, q in float32, the
+ * accumulators and 1/sum per row; then decode_attention's output and its rotated q (T, at most a float each) */
+#define SCRATCH_ATTEND(R, D, ld) ((long)(R) * (ld) + (long)(2 * (R) + 1) * (D) + (R))
+#define SCRATCH(R, D, ld) (SCRATCH_ATTEND(R, D, ld) + 2L * (R) * (D))
 
 static inline float from_bf16(uint16_t x) {
     union { uint32_t u; float f; } c;
@@ -98,8 +105,7 @@ static void softmax_rows(float *sc, long ld, int R, int n, float *norm) {
 #define GENERIC(NAME, T, CONV)                                                                                 \
 static void NAME(const T *qq, const T *kb, const T *vb, const int32_t *blocks, int n, int R, int D, int BS,    \
                  long block, long head_off, float scale, float *sc, long ld, float *row, float *acc,           \
-                 float *qf, float *o) {                                                                        \
-    float norm[64];                                                                                            \
+                 float *qf, float *norm, float *o) {                                                           \
     for (long i = 0; i < (long)R * D; i++) qf[i] = CONV(qq[i]);                                                \
     for (int j = 0; j < n; j++) {                                                                              \
         const T *kr = kb + blocks[j / BS] * block + head_off + (long)(j % BS) * D;                             \
@@ -169,8 +175,7 @@ static inline void load_row64_f32(const float *p, __m512 *x) {
 
 #define AVX512_64(NAME, T, LOAD)                                                                               \
 static void NAME(const T *qq, const T *kb, const T *vb, const int32_t *blocks, int n, int R, int BS,           \
-                 long block, long head_off, float scale, float *sc, long ld, float *o) {                       \
-    float norm[64];                                                                                            \
+                 long block, long head_off, float scale, float *sc, long ld, float *norm, float *o) {          \
     __m512 q[16][4];                                                                                           \
     for (int r = 0; r < R; r++) LOAD(qq + (long)r * 64, q[r]);                                                 \
     for (int j0 = 0; j0 < n; j0 += BS) {                                                                       \
@@ -230,8 +235,7 @@ static const int32_t ORDER16[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 1
  * a block reduced together; values as the f32 path. BS must be 16 (the caller checks). */
 static void avx512_64_bf16(const uint16_t *qq, const uint16_t *kb, const uint16_t *vb, const int32_t *blocks,
                            int n, int R, int BS, long block, long head_off, float scale, float *sc, long ld,
-                           float *o) {
-    float norm[64];
+                           float *norm, float *o) {
     __m512bh q[16][2];
     for (int r = 0; r < R; r++) {
         q[r][0] = (__m512bh)_mm512_loadu_si512(qq + (long)r * 64);
@@ -267,8 +271,8 @@ static void avx512_64_bf16(const uint16_t *qq, const uint16_t *kb, const uint16_
 
 /* one (row, KV head) task of attention: the fast path where it applies, else the plain loops */
 #if defined(__AVX512F__)
-#define FAST_bf16 if (D == 64 && R <= 16 && BF16_FAST_BS(BS)) { avx512_64_bf16(qq, k, v, blocks, n, R, BS, block, head_off, scale, sc, ld, o); return; }
-#define FAST_f32 if (D == 64 && R <= 16) { avx512_64_f32(qq, k, v, blocks, n, R, BS, block, head_off, scale, sc, ld, o); return; }
+#define FAST_bf16 if (D == 64 && R <= 16 && BF16_FAST_BS(BS)) { avx512_64_bf16(qq, k, v, blocks, n, R, BS, block, head_off, scale, sc, ld, norm, o); return; }
+#define FAST_f32 if (D == 64 && R <= 16) { avx512_64_f32(qq, k, v, blocks, n, R, BS, block, head_off, scale, sc, ld, norm, o); return; }
 #else
 #define FAST_bf16
 #define FAST_f32
@@ -276,9 +280,9 @@ static void avx512_64_bf16(const uint16_t *qq, const uint16_t *kb, const uint16_
 #define ATTEND(T, SUFFIX)                                                                                      \
 static void attend_##SUFFIX(const T *qq, const T *k, const T *v, const int32_t *blocks, int n, int R, int D,   \
                             int BS, long block, long head_off, float scale, float *sc, long ld, float *o) {     \
-    float *row = sc + (long)R * ld, *qf = row + D, *acc = qf + (long)R * D;                                   \
+    float *row = sc + (long)R * ld, *qf = row + D, *acc = qf + (long)R * D, *norm = acc + (long)R * D;         \
     FAST_##SUFFIX                                                                                              \
-    generic_##SUFFIX(qq, k, v, blocks, n, R, D, BS, block, head_off, scale, sc, ld, row, acc, qf, o);           \
+    generic_##SUFFIX(qq, k, v, blocks, n, R, D, BS, block, head_off, scale, sc, ld, row, acc, qf, norm, o);     \
 }
 ATTEND(uint16_t, bf16)
 ATTEND(float, f32)
@@ -288,7 +292,7 @@ void paged_attention_##SUFFIX(const T *q, const T *k, const T *v, const int32_t 
                               const int32_t *lens, int S, int Hk, int R, int D, int BS, int max_len,           \
                               float scale, float *out, float *scratch, int threads) {                          \
     const long block = (long)Hk * BS * D, head = (long)BS * D;                                                 \
-    const long per = (long)R * max_len + (long)(3 * R + 1) * D;                                                \
+    const long per = SCRATCH(R, D, max_len);                                                                   \
     _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1)")                                      \
     for (long task = 0; task < (long)S * Hk; task++) {                                                         \
         const int s = (int)(task / Hk), h = (int)(task % Hk);                                                  \
@@ -302,14 +306,14 @@ void decode_attention_##SUFFIX(const T *qkv, const float *cosv, const float *sin
                                const int32_t *table, int nb, const int32_t *pos, int S, int Hk, int R, int D,  \
                                int BS, int max_len, float scale, T *out, float *scratch, int threads) {        \
     const long block = (long)Hk * BS * D, head = (long)BS * D, width = (long)(Hk * R + 2 * Hk) * D;            \
-    const long per = (long)R * max_len + (long)(3 * R + 1) * D;                                                \
+    const long per = SCRATCH(R, D, max_len);                                                                   \
     const int half = D / 2;                                                                                    \
     _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1)")                                      \
     for (long task = 0; task < (long)S * Hk; task++) {                                                         \
         const int s = (int)(task / Hk), h = (int)(task % Hk), p = pos[s];                                      \
         float *sc = scratch + (long)omp_get_thread_num() * per;                                                \
-        float *o = sc + (long)R * max_len + (long)(2 * R + 1) * D;  /* R * D floats after attend's own */      \
-        T qr[16 * 256];                                                                                        \
+        float *o = sc + SCRATCH_ATTEND(R, D, max_len);                                                         \
+        T *qr = (T *)(o + (long)R * D);                                                                        \
         const T *src = qkv + s * width;                                                                        \
         const float *c = cosv + (long)s * half, *sn = sinv + (long)s * half;                                   \
         const int32_t *blocks = table + (long)s * nb;                                                          \

@@ -17,8 +17,9 @@ step's new keys and values into the rows' blocks and returns the layer's pools) 
 keyword that reaches :func:`paged_attention`, the attention function the engine installs. There, a decode
 step (one token per row) runs the C kernel of coa.rollout.kernel over each row's own blocks; an ingest
 step (chunks of prompt or observation) gathers the rows' blocks into a dense [S, Hk, W, D] copy and runs
-torch's scaled_dot_product_attention with a causal mask offset by each row's cached length (so does a
-decode step where the kernel is unavailable, e.g. on CUDA).
+torch's scaled_dot_product_attention with a causal mask offset by each row's cached length. So does a
+decode step the kernel does not take (unavailable, e.g. on CUDA; a dtype or head shape it does not support;
+a layer with a sliding window, which the mask then applies as transformers does), the reason logged once.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from coa.rollout.kernel import decode_kernel
+from coa.rollout.kernel import decode_kernel, fallback, unsupported
 
 PAGED = "coa_paged"
 
@@ -181,10 +182,12 @@ class PagedCache:
 # ----------------------------------------------------------------------------- attention
 
 
-def _dense(step: PagedStep, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _dense(step: PagedStep, k_pool: torch.Tensor, v_pool: torch.Tensor,
+           window: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rows' keys and values gathered from their blocks: [S, Hk, W, D] each (W = nb * block_size), and
     the boolean mask [S, 1, t, W] of what each query may see: its row's cached positions and the step's
-    real tokens up to itself (a pad query sees position 0 only; its output is never read)."""
+    real tokens up to itself, the last ``window`` of them where given (a pad query sees position 0 only; its
+    output is never read)."""
     s, nb = step.table.shape
     index = step.table.long()
     k = k_pool[index].permute(0, 2, 1, 3, 4).reshape(s, k_pool.shape[1], nb * k_pool.shape[2], k_pool.shape[3])
@@ -194,24 +197,32 @@ def _dense(step: PagedStep, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple
     last = step.cached[:, None] + q[None, :]  # [S, t] each query's own position
     real = q[None, :] < step.lens[:, None]
     allowed = cols[None, None, :] <= last[:, :, None]
+    if window:  # transformers' sliding window: key position > query position - window
+        allowed &= cols[None, None, :] > last[:, :, None] - window
     allowed = torch.where(real[:, :, None], allowed, cols[None, None, :] == 0)
     return k, v, allowed[:, None]
 
 
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                    coa_paged: PagedStep | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+                    coa_paged: PagedStep | None = None, sliding_window: int | None = None,
+                    **kwargs: Any) -> tuple[torch.Tensor, None]:
     """A transformers attention function over the paged cache: query [S, H, t, D]; key, value: the layer's
-    pools (from :meth:`PagedStep.update`). Returns ([S, t, H, D], None)."""
+    pools (from :meth:`PagedStep.update`); sliding_window: the layer's window (None: full attention).
+    Returns ([S, t, H, D], None)."""
     if coa_paged is None:
         raise RuntimeError(f"{type(module).__name__} did not pass coa_paged to its attention function")
     step = coa_paged
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    kernel = decode_kernel() if query.device.type == "cpu" else None
-    if step.t == 1 and kernel is not None:
-        out = kernel(query[:, :, 0], key, value, step.table, (step.cached + 1).to(torch.int32), scale)
-        return out.to(query.dtype)[:, None], None
-    k, v, allowed = _dense(step, key, value)
+    kernel = decode_kernel() if step.t == 1 and query.device.type == "cpu" else None
+    if kernel is not None:
+        reason = ("sliding-window attention" if sliding_window
+                  else unsupported(key.dtype, query.shape[1], key.shape[1], query.shape[-1]))
+        if reason is None:
+            out = kernel(query[:, :, 0], key, value, step.table, (step.cached + 1).to(torch.int32), scale)
+            return out.to(query.dtype)[:, None], None
+        fallback("decode attention", reason)
+    k, v, allowed = _dense(step, key, value, sliding_window)
     out = F.scaled_dot_product_attention(query, k, v, attn_mask=allowed, scale=scale,
                                          enable_gqa=key.shape[1] != query.shape[1])
     return out.transpose(1, 2), None

@@ -1,58 +1,27 @@
 """The fused decode step (coa.rollout.fused) and its C ops: each op equals torch, and the engine's rollouts with
-the fused decoder equal those through the transformers model (Qwen2 with q/k/v biases, Llama with GQA)."""
+the fused decoder equal those through the transformers model (Qwen2 with q/k/v biases, Llama with GQA) and
+those with the kernels off; what the kernels do not take runs through torch with one logged reason. (The
+attention kernels against torch: test_kernel.py.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from coa.rollout import Sampling
 from coa.rollout.fused import FusedDecoder, unsupported
 from coa.rollout.hf import HFEngine
-from coa.rollout.kernel import cpu_kernels
-from tests.rollout.contract import GREEDY, LIMITS, Recorder
+from coa.rollout.kernel import cpu_kernels, fallback
+from tests.rollout.contract import GREEDY, LIMITS, Recorder, teacher_forced
 
 ops = cpu_kernels()
-pytestmark = pytest.mark.skipif(ops is None, reason="no C compiler: the engine runs transformers' layers")
+needs_kernels = pytest.mark.skipif(ops is None, reason="no C compiler: the engine runs transformers' layers")
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
-def rotate(x, cos, sin):  # transformers' rotate-half RoPE; x [S, heads, D], cos/sin [S, D/2]
-    c, s = torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None]
-    half = x.shape[-1] // 2
-    return x * c + torch.cat([-x[..., half:], x[..., :half]], -1) * s
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (64, 4), (32, 16)])  # (64, 16): the AVX-512 paths
-def test_decode_attention_is_rope_write_and_attention(dtype, head_dim, block_size):
-    gen = torch.Generator().manual_seed(0)
-    rows, kv, group = 4, 3, 3
-    lens = [1, 17, 40, 33]  # positions already cached; the new token goes at lens[s]
-    nb = max(lens) // block_size + 1
-    k_pool = torch.randn(rows * nb + 2, kv, block_size, head_dim, generator=gen).to(dtype)
-    v_pool = torch.randn(rows * nb + 2, kv, block_size, head_dim, generator=gen).to(dtype)
-    table = torch.randperm(rows * nb + 2, generator=gen)[: rows * nb].reshape(rows, nb).to(torch.int32)
-    qkv = torch.randn(rows, (kv * group + 2 * kv) * head_dim, generator=gen).to(dtype)
-    pos = torch.tensor(lens, dtype=torch.int32)
-    freqs = pos.float()[:, None] * torch.rand(head_dim // 2, generator=gen)[None]
-    cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
-    k_ref, v_ref = k_pool.clone(), v_pool.clone()
-    got = ops.decode_attention(qkv, cos, sin, k_pool, v_pool, table, pos, kv * group, 0.2, max(lens) + 1)
-    q, k, v = qkv.float().split([kv * group * head_dim, kv * head_dim, kv * head_dim], -1)
-    q = rotate(q.view(rows, kv * group, head_dim), cos, sin).to(dtype)
-    k = rotate(k.view(rows, kv, head_dim), cos, sin).to(dtype)
-    for s, p in enumerate(lens):  # the write
-        k_ref[table[s, p // block_size], :, p % block_size] = k[s]
-        v_ref[table[s, p // block_size], :, p % block_size] = v.view(rows, kv, head_dim)[s].to(dtype)
-    assert torch.allclose(k_pool.float(), k_ref.float(), **TOL[dtype])  # RoPE rounds alike up to an FMA
-    assert torch.equal(v_pool, v_ref)
-    want = ops.attention(q, k_ref, v_ref, table, pos + 1, 0.2).to(dtype).view(rows, -1)
-    assert got.dtype == dtype and torch.allclose(got.float(), want.float(), **TOL[dtype])
-
-
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_rms_norm_and_silu_mul_equal_torch(dtype):
     gen = torch.Generator().manual_seed(1)
@@ -72,20 +41,23 @@ def test_add_rms_norm_and_silu_mul_equal_torch(dtype):
         assert torch.allclose(out.float(), want, **TOL[dtype])
 
 
-def tiny_llama(tok) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=192, num_hidden_layers=2, num_attention_heads=6,
-                         num_key_value_heads=2, head_dim=32, intermediate_size=160, max_position_embeddings=2048,
-                         pad_token_id=tok.pad_token_id, rope_theta=100000.0)
+def tiny(tok, kind: str = "llama", dtype: torch.dtype = torch.float32, **config):
+    """A random two-layer causal LM of ``kind`` (a Llama with 6 query heads over 2 KV heads, unless told)."""
+    config = {"hidden_size": 192, "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2,
+              "head_dim": 32, "intermediate_size": 160, **config}
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        kind, vocab_size=len(tok), max_position_embeddings=2048, pad_token_id=tok.pad_token_id, **config))
+    return model.to(dtype).eval()
 
 
+@needs_kernels
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_fused_rollouts_equal_the_transformers_path(web_model, tok, requests_of, arch):
     """Greedy float32 rollouts through the fused decoder are the ones transformers' layers give, token for token,
     with the same log-probs; the decoder serves every step (ingest and decode: the model's own forward is not
     called)."""
-    model = web_model if arch == "qwen2" else tiny_llama(tok)
+    model = web_model if arch == "qwen2" else tiny(tok)
     assert unsupported(model) is None and FusedDecoder.build(model) is not None
     requests = requests_of(5)
     calls = []
@@ -104,9 +76,10 @@ def test_fused_rollouts_equal_the_transformers_path(web_model, tok, requests_of,
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
 
 
+@needs_kernels
 def test_fused_decoder_reads_updated_weights(tok, requests_of):
     """RL updates the model between rollout calls: the next call's decode steps use the new weights."""
-    model = tiny_llama(tok)
+    model = tiny(tok)
     engine = HFEngine(model, tok, max_batch=2)
     requests = requests_of(2)
     before = engine.rollout(requests, GREEDY, LIMITS, Recorder())
@@ -122,6 +95,7 @@ def test_fused_decoder_reads_updated_weights(tok, requests_of):
         assert not torch.allclose(torch.tensor(a.logprobs[:n]), torch.tensor(c.logprobs[:n]), atol=1e-3)
 
 
+@needs_kernels
 def test_kept_hidden_states_are_the_models_own_at_every_fed_position(web_model, tok):
     """keep_hidden=L: each rollout carries the residual stream entering layer L at every position the engine
     fed (all but the last token), equal to the model's own hidden_states[L] over the same tokens; forked
@@ -142,3 +116,73 @@ def test_kept_hidden_states_are_the_models_own_at_every_fed_position(web_model, 
                                                           Recorder())
     assert all(p.hidden is None for p in plain)
     assert [p.response_ids for p in plain] == [r.response_ids for r in rollouts]
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """``kernels(False)``: COA_KERNEL=0, the cached kernels forgotten (and again after the test)."""
+    def switch(on: bool) -> None:
+        monkeypatch.setenv("COA_KERNEL", "1" if on else "0")
+        cpu_kernels.cache_clear()
+
+    yield switch
+    cpu_kernels.cache_clear()
+
+
+def rollout(model, tok, requests, **options):
+    return HFEngine(model, tok, max_batch=2, **options).rollout(requests, GREEDY, LIMITS, Recorder())
+
+
+@needs_kernels
+def test_the_engine_with_kernels_off_equals_the_kernels(web_model, tok, requests_of, kernels):
+    """COA_KERNEL=0 (transformers' layers, torch's attention over the paged cache) gives the greedy float32
+    rollouts of the fused decoder and the C kernels: the same tokens, the same log-probs up to rounding."""
+    requests = requests_of(3)
+    kernels(False)
+    off = rollout(web_model, tok, requests)
+    assert cpu_kernels() is None
+    kernels(True)
+    on = rollout(web_model, tok, requests)
+    assert cpu_kernels() is not None and sum(len(r.response_ids) for r in on) > 20
+    for a, b in zip(off, on, strict=True):
+        assert a.response_ids == b.response_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+CASES = {  # what the kernels do not take: (model options, the logged reason, log-prob tolerance)
+    "float16": (dict(kind="llama", dtype=torch.float16), "dtype torch.float16", 2e-2),
+    "group": (dict(kind="llama", hidden_size=132, num_attention_heads=66, num_key_value_heads=1, head_dim=8),
+              "66 query heads over 1 KV heads", 1e-4),
+    "head_dim": (dict(kind="llama", num_attention_heads=2, num_key_value_heads=1, head_dim=258), "head dim 258",
+                 1e-4),
+    "mistral window": (dict(kind="mistral", sliding_window=8), "sliding-window attention", 1e-4),
+    "qwen2 window": (dict(kind="qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1),
+                     "sliding-window attention", 1e-4),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_what_the_kernels_do_not_take_runs_through_torch_with_one_logged_reason(tok, requests_of, caplog, case):
+    """float16, more query heads per KV head or a larger head dim than the kernels take, a sliding window: the
+    engine decides before the rollout, logs each reason once and computes with torch, no error; its log-probs
+    are transformers' own forward's (a sliding window applied: Qwen2's on its second layer only)."""
+    options, reason, tol = CASES[case]
+    model = tiny(tok, **options)
+    fallback.cache_clear()
+    requests = requests_of(2)
+    rollouts = rollout(model, tok, requests)
+    rollout(model, tok, requests)  # a second call logs nothing new
+    if ops is not None:
+        for what in ("the fused decoder", "decode attention"):
+            assert sum(f"for {what}: {reason}" in r.getMessage() for r in caplog.records) == 1, caplog.text
+    for r in rollouts:
+        assert len(r.response_ids) > 5
+        ids = r.prompt_ids + r.response_ids
+        assert len(ids) > 8 * 10  # far longer than the window
+        mask = torch.tensor(r.loss_mask, dtype=torch.bool)
+        want = teacher_forced(model, ids, 1.0)[len(r.prompt_ids) - 1 :][mask]
+        assert torch.allclose(torch.tensor(r.logprobs)[mask], want, atol=tol)
+        if "window" in case:  # the window matters: full attention over the same weights gives other log-probs
+            full = tiny(tok, **{**options, "sliding_window": None})
+            assert not torch.allclose(teacher_forced(full, ids, 1.0)[len(r.prompt_ids) - 1 :][mask], want,
+                                      atol=1e-3)

@@ -1,4 +1,5 @@
-"""The paged KV cache and its decode kernel: blocks are shared, copied and returned; the kernel equals SDPA."""
+"""The paged KV cache and its decode kernel: blocks are shared, copied and returned; the kernel equals SDPA; a
+sliding window is applied as transformers applies it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from coa.rollout.kernel import decode_kernel
-from coa.rollout.paged import PagedCache, _dense
+from coa.rollout.paged import PagedCache, _dense, paged_attention
 
 
 def reference(q, k_pool, v_pool, table, lens, scale):
@@ -80,3 +81,22 @@ def test_dense_gather_masks_each_query_to_its_rows_past():
     assert allowed[0, 0, 0].tolist() == [True] * 5 + [False] * 3  # position 4 sees 0..4
     assert allowed[0, 0, 2].tolist() == [True] + [False] * 7  # a pad query sees position 0 only
     assert allowed[1, 0, 1].tolist() == [True, True] + [False] * 6
+
+
+def test_a_sliding_window_is_applied_as_transformers_does():
+    """paged_attention with sliding_window=W (what Mistral's and Qwen2's sliding layers pass): each query sees its
+    own position and the W - 1 before it (key > query - W), in ingest steps (a chunk after cached positions
+    too) and in decode steps, which then run torch instead of the C kernel."""
+    gen = torch.Generator().manual_seed(0)
+    cache, window, n = PagedCache(block_size=4), 3, 10
+    keys, values = torch.randn(2, 1, 1, n, 8, generator=gen)
+    query = torch.randn(1, 2, n, 8, generator=gen)  # two query heads over one KV head
+    allowed = torch.ones(n, n, dtype=torch.bool).tril() & ~torch.ones(n, n, dtype=torch.bool).tril(-window)
+    want = F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, enable_gqa=True).transpose(1, 2)
+    blocks = cache.reserve([], n)
+    for start, end in [(0, 4), (4, 7), (7, 8), (8, 9), (9, 10)]:  # two ingest steps, then decode steps
+        step = cache.step([blocks], cached=[start], lens=[end - start])
+        k_pool, v_pool = step.update(keys[:, :, start:end], values[:, :, start:end], 0)
+        got, _ = paged_attention(None, query[:, :, start:end], k_pool, v_pool, None, coa_paged=step,
+                                 sliding_window=window)
+        assert torch.allclose(got, want[:, start:end], atol=1e-6)
