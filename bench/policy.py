@@ -1,4 +1,4 @@
-"""Held-out eval of one or more policies with coa.eval.evaluate: accuracy (95% bootstrap CI), format, tool use.
+"""Held-out eval of one or more policies with coa.eval.evaluate: accuracy (Wilson 95% interval), format, tool use.
 
     python bench/policy.py models/base models/sft            # the eval split, k=1, greedy
     python bench/policy.py models/sft --per-domain 60 --k 2 --temperature 0.7

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         renamed = {"tool_calls": "n_tool_calls", "turns": "n_turns"}  # the table's names for evaluate's keys
         table = pl.DataFrame([{k: r[renamed.get(k, k)] for k in EVAL_DTYPES} for r in rows], schema=EVAL_DTYPES)
         write_table(table.sort("model", "group", "task_id", "sample"), st.args.rows, EvalRow)
-        metrics = eval_metrics(rows, [name for name, _ in models], cfg.k, cfg.n_boot, seed, timings,
+        metrics = eval_metrics(rows, [name for name, _ in models], cfg.k, timings,
                                task_slices(sets["eval"]) if "eval" in sets else None)
         publish(st.run, metrics, st.args.plots, st.args.headline)
         for name, rate in throughput.items():

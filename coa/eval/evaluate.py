@@ -11,7 +11,7 @@
 
 Per group (all tasks, and each domain):
   accuracy       avg@k: the mean over tasks of the task's fraction of correct samples (= pass@1);
-  accuracy_ci95  a percentile bootstrap 95% interval of accuracy, resampling tasks (n_boot draws, seeded);
+  accuracy_ci95  the Wilson score 95% interval of accuracy, n = tasks (coa.eval.metrics.wilson_ci);
   pass@j         the unbiased estimator 1 - C(n-c, j) / C(n, j) averaged over tasks, for j = 1, 2, 4, ... k;
   best_of_k      the accuracy of one sample per task chosen without the answer key (coa.eval.metrics.best_of_k:
                  the policy's own double-check score, then the most frequent answer);
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from coa.eval.metrics import best_of_k, billed_tokens, bootstrap_ci, pass_at_k, student_calls, token_counter
+from coa.eval.metrics import best_of_k, billed_tokens, pass_at_k, student_calls, token_counter, wilson_ci
 from coa.format import DOMAINS
 from coa.prompts import render_prompt
 from coa.rewards import Judge, check, format_ok
@@ -65,7 +65,7 @@ class EvalResult:
         return out
 
 
-def summarize(rows: list[dict[str, Any]], k: int, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
     """The metrics of one group of rows (see the module docstring); every task must have k rows."""
     by_task: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -78,7 +78,7 @@ def summarize(rows: list[dict[str, Any]], k: int, n_boot: int = 1000, seed: int 
         "n_tasks": len(by_task),
         "n_rollouts": len(rows),
         "accuracy": float(np.mean(accuracy)) if accuracy else float("nan"),
-        "accuracy_ci95": bootstrap_ci(accuracy, n_boot, seed),
+        "accuracy_ci95": wilson_ci(accuracy),
         f"best_of_{k}": float(np.mean([best_of_k(task_rows) for task_rows in by_task.values()])) if by_task
         else float("nan"),
     }
@@ -96,11 +96,11 @@ def summarize(rows: list[dict[str, Any]], k: int, n_boot: int = 1000, seed: int 
 
 
 def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, sampling: Sampling, limits: Limits,
-             tools_factory: ToolsFactory, tokenizer: Any = None, seed: int = 0, n_boot: int = 1000,
+             tools_factory: ToolsFactory, tokenizer: Any = None,
              check_workers: int = 4, judge: Judge | None = None) -> EvalResult:
     """Roll out ``k`` samples of every task (rows of data/tasks.parquet: task_id, domain, question, answers,
-    tests) and score them; ``tokenizer`` counts billed tokens (default: the engine's); ``seed`` seeds the
-    bootstrap (``sampling.seed`` the rollouts); ``judge`` (coa.rewards.LLMJudge) judges web answers."""
+    tests) and score them; ``tokenizer`` counts billed tokens (default: the engine's; ``sampling.seed`` seeds
+    the rollouts); ``judge`` (coa.rewards.LLMJudge) judges web answers."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
@@ -126,9 +126,9 @@ def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, samplin
             "billed_tokens": billed_tokens(student_calls(request.prompt, rollout.text), count),
             "text": rollout.text,
         })
-    per_domain = {d: summarize([r for r in rows if r["domain"] == d], k, n_boot, seed)
+    per_domain = {d: summarize([r for r in rows if r["domain"] == d], k)
                   for d in sorted({r["domain"] for r in rows})}
-    return EvalResult(k=k, overall=summarize(rows, k, n_boot, seed), per_domain=per_domain, rows=rows)
+    return EvalResult(k=k, overall=summarize(rows, k), per_domain=per_domain, rows=rows)
 
 
 def evaluate_by_domain(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, sampling: Mapping[str, Any],

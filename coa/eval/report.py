@@ -2,7 +2,7 @@
 headline table from them are coa.eval.plots).
 
     from coa.eval.report import compare, eval_metrics
-    metrics = eval_metrics(rows, ["base", "sft", "rl", "teacher"], k=2, n_boot=1000, seed=7, timings={...})
+    metrics = eval_metrics(rows, ["base", "sft", "rl", "teacher"], k=2, timings={...})
     compare(rows, "rl", "sft", n_boot=1000, seed=7)   # {accuracy_diff, ci_low, ci_high, tasks, attempts}
 
 Each section holds the eval split overall and per domain, then each benchmark group (`bench:<kind>.`),
@@ -35,11 +35,11 @@ def task_slices(tasks: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
     return out
 
 
-def eval_metrics(rows: list[dict[str, Any]], models: list[str], k: int, n_boot: int, seed: int,
+def eval_metrics(rows: list[dict[str, Any]], models: list[str], k: int,
                  timings: dict[str, float], slices: Mapping[str, list[str]] | None = None) -> dict[str, dict[str, float]]:
     """metrics/eval.json: one flat section per model (rows carry model and group); with ``slices``
     (coa.eval.report.task_slices of the eval tasks), also each slice's accuracy and task count on the eval split."""
-    metrics: dict[str, Any] = {name: _section([r for r in rows if r["model"] == name], k, n_boot, seed)
+    metrics: dict[str, Any] = {name: _section([r for r in rows if r["model"] == name], k)
                                for name in models}
     for name in models:
         metrics[name].update(_slice_accuracy([r for r in rows if r["model"] == name and r["group"] == "eval"],
@@ -74,7 +74,7 @@ def _slice_accuracy(rows: list[dict[str, Any]], slices: Mapping[str, list[str]])
     return out
 
 
-def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict[str, float]:
+def _section(rows: list[dict[str, Any]], k: int) -> dict[str, float]:
     """One model's flat metrics: the eval split overall and per domain, then each benchmark group."""
     out: dict[str, float] = {}
     groups = [("", [r for r in rows if r["group"] == "eval"])]
@@ -83,7 +83,7 @@ def _section(rows: list[dict[str, Any]], k: int, n_boot: int, seed: int) -> dict
     for prefix, part in groups:
         if not part:
             continue
-        s = summarize(part, k, n_boot, seed)  # its means are per attempt (one rollout of a task)
+        s = summarize(part, k)  # its means are per attempt (one rollout of a task)
         out.update({f"{prefix}accuracy": s["accuracy"], f"{prefix}accuracy_ci_low": s["accuracy_ci95"][0],
                     f"{prefix}accuracy_ci_high": s["accuracy_ci95"][1], f"{prefix}best_of_{k}": s[f"best_of_{k}"],
                     f"{prefix}format_ok": s["format_ok"], f"{prefix}tasks": s["n_tasks"],

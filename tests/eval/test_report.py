@@ -29,8 +29,8 @@ def test_slice_accuracy_is_per_attempt_on_the_eval_split_only():
             _row("sft", "w2", "web", 0, False), _row("sft", "w2", "web", 1, False),
             _row("sft", "m1", "math", 0, True), _row("sft", "m1", "math", 1, True),
             _row("sft", "m1", "math", 0, False, group="bench:x")]  # another group: not in the slices
-    m = eval_metrics(rows, ["sft"], k=2, n_boot=10, seed=0, timings={"sft": 1.0}, slices=slices)["sft"]
+    m = eval_metrics(rows, ["sft"], k=2, timings={"sft": 1.0}, slices=slices)["sft"]
     assert m["slice.web.kind.depth.accuracy"] == 0.5 and m["slice.web.kind.count.accuracy"] == 0.0
     assert m["slice.web.hops.2.accuracy"] == 0.25 and m["slice.web.hops.2.tasks"] == 2
     assert m["slice.math.family.modular.accuracy"] == 1.0 and m["slice.math.family.modular.tasks"] == 1
-    assert not any(k.startswith("slice.") for k in eval_metrics(rows, ["sft"], 2, 10, 0, {"sft": 1.0})["sft"])
+    assert not any(k.startswith("slice.") for k in eval_metrics(rows, ["sft"], 2, {"sft": 1.0})["sft"])
