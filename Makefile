@@ -22,7 +22,8 @@ torch_index = $(shell curl -s --max-time 10 -o /dev/null $(TORCH_CPU_INDEX)/ && 
 # The team servers (docs/team.md). HOST is the address they bind: 127.0.0.1 needs nothing; another (0.0.0.0,
 # this machine's LAN address) needs the team's own credentials, in the environment or in .env.team
 # (git-ignored): AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (S3, MLflow), PREFECT_SERVER_API_AUTH_STRING.
-HOST          ?= 127.0.0.1
+# HOST from the command line only (`make s3 HOST=0.0.0.0`): some shells export HOST as the machine's name.
+HOST          := 127.0.0.1
 S3_HOST       ?= $(HOST)
 MLFLOW_HOST   ?= $(HOST)
 PREFECT_HOST  ?= $(HOST)

@@ -82,9 +82,9 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
     from coa.tools import ToolSession, build_tools
 
     params = load_params(params_path)
-    model, tok = load_pretrained(model_path)
     index_dir = index if Path(index).is_dir() else None  # without the index: the code tool alone
-    tools = build_tools(params.common.tools, index_dir=index_dir)
+    tools = build_tools(params.common.tools, index_dir=index_dir)  # a strict sandbox refuses before the model loads
+    model, tok = load_pretrained(model_path)
     shown = ""
 
     def show(traj: Any) -> None:

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     with st if main_rank else nullcontext(st):
         cfg, agent = st.params.rl, st.params.common.agent
         check_launch(cfg)  # one line for a launch that cannot work, before any model loads
+        tools = tools_factory(st.params.common.tools, st.args.index)  # a strict sandbox refuses here, as early
         seed = derive_seed(st.params.common.seed, "rl")
         tasks = read_table(st.args.tasks, Task).sort("task_id")
         kept = set(read_table(st.args.rl_tasks, TaskStats).filter(pl.col("kept"))["task_id"])
@@ -82,7 +83,6 @@ def main(argv: list[str] | None = None) -> None:
         def log_step(step: int, metrics: dict[str, float]) -> None:
             st.run.log_metrics({"train": metrics}, step=step)
 
-        tools = tools_factory(st.params.common.tools, st.args.index)
         result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent_limits(agent), tools_factory=tools,
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
                             seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step if main_rank else None,

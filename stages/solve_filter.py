@@ -57,13 +57,14 @@ def main(argv: list[str] | None = None) -> None:
                              "difficulty stage's output")
 
         left_out = len(rejects)
+        tools = tools_factory(st.params.common.tools, st.args.index)  # a strict sandbox refuses before the engine
         engine = engine_from(cfg.engine, st.args.policy)
         st.compute = compute_facts(engine_dtype(cfg.engine))
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
                             seed=derive_seed(st.params.common.seed, "solve_filter"))
         start = time.perf_counter()
         result = evaluate(engine, todo, cfg.k, sampling, agent_limits(st.params.common.agent),
-                          tools_factory(st.params.common.tools, st.args.index), judge=judge_from(st.params.common.judge))
+                          tools, judge=judge_from(st.params.common.judge))
         sample_s = time.perf_counter() - start
         close_engine(engine)
 

@@ -19,11 +19,12 @@ from typing import Any
 
 from coa.format import code_source, crawl_urls
 from coa.format import truncate as cap
-from coa.tools.sandbox import SandboxLimits, run_python
+from coa.tools.sandbox import SandboxLimits, SandboxUnavailable, check_policy, run_python
 from coa.tools.search import BM25Index, HttpSearch, format_results
 
 Tool = Callable[[str], str]
-__all__ = ["Tool", "ToolSession", "build_tools", "cap", "crawl_tool", "run_python", "search_tool"]
+__all__ = ["SandboxUnavailable", "Tool", "ToolSession", "build_tools", "cap", "crawl_tool", "run_python",
+           "search_tool"]
 
 
 def search_tool(engine: BM25Index | HttpSearch, top_k: int, snippet_chars: int) -> Tool:
@@ -70,7 +71,9 @@ def code_tool(limits: SandboxLimits) -> Tool:
 
 def build_tools(cfg: Any, index_dir: str | Path | None = None,
                 summariser: Callable[[str, str, str], str] | None = None) -> dict[str, Tool]:
-    """The tool dict from `common.tools` params; web tools need the index (`dvc repro index`)."""
+    """The tool dict from `common.tools` params; web tools need the index (`dvc repro index`). The sandbox
+    policy is applied here, before any call: `sandbox: strict` without namespaces raises SandboxUnavailable."""
+    check_policy(cfg.sandbox)
     tools: dict[str, Tool] = {"code": code_tool(SandboxLimits(wall_time_s=cfg.code_wall_time_s,
                                                               max_output_chars=cfg.max_observation_chars))}
     index = BM25Index.load(index_dir) if index_dir is not None else None

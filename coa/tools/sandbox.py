@@ -21,7 +21,12 @@ by the operating system, never by patching Python inside the sandbox:
 Not root (a developer laptop): privileges cannot be dropped, so the same supervisor runs inside
 ``unshare --user --map-root-user ...`` (same namespaces and mounts; the program keeps the user's
 uid, without capabilities).  Without user namespaces it falls back to rlimits, a fresh process
-group and a :mod:`tempfile` scratch dir.  Either way a warning is logged once.
+group and a :mod:`tempfile` scratch dir.  Either way a warning is logged once, saying what is missing.
+
+The policy (``common.tools.sandbox``) is applied once, before any call, by :func:`check_policy`
+(``build_tools`` calls it): ``strict`` refuses to run model-written code without namespaces
+(:class:`SandboxUnavailable`, one line that says why and what to do); ``permissive`` allows the
+rlimits-only fallback with the warning.
 """
 
 from __future__ import annotations
@@ -58,6 +63,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _STATUS_MARK = b"\n@@coa-sandbox-status\n"
 SCRATCH = "/tmp/sandbox"  # where the program runs, as it sees it
+POLICIES = ("strict", "permissive")  # common.tools.sandbox
+
+
+class SandboxUnavailable(SystemExit):
+    """``strict`` where namespaces are unavailable: one line (a SystemExit, so a stage or ``coa solve`` ends with
+    that line, never a traceback), raised before any model-written code runs."""
 
 
 @dataclass(frozen=True)
@@ -236,9 +247,10 @@ class _Isolation:
 
     prefix: tuple[str, ...]  # the `unshare ...` command prefix; () where namespaces are unavailable
     drop: bool  # run the program as uid 65534 (only possible as root)
+    why: str = ""  # why namespaces are unavailable (the probe's error), where they are
 
 
-_probe_lock = threading.Lock()  # the probes run (and warn) once, even under concurrent first calls
+_probe_lock = threading.Lock()  # the probe runs once, even under concurrent first calls
 
 
 def _isolation() -> _Isolation:
@@ -254,15 +266,49 @@ def _probe_isolation() -> _Isolation:
     try:
         probe = subprocess.run([*prefix, "true"], env={"PATH": SAFE_PATH}, capture_output=True, timeout=10)
         ok = probe.returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    if not (root and ok):
-        log.warning(
-            "coa sandbox: isolation is reduced: code runs as %s %s",
-            f"uid {NOBODY}" if root else "the current user",
-            "in user namespaces" if ok else "with rlimits only (no namespaces: network and /tmp reachable)",
-        )
-    return _Isolation(prefix=tuple(prefix) if ok else (), drop=root)
+        lines = probe.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = "" if ok else (lines[-1] if lines else f"unshare exited with {probe.returncode}")
+    except FileNotFoundError:
+        ok, why = False, f"no {UNSHARE}: not Linux"
+    except (OSError, subprocess.SubprocessError) as err:
+        ok, why = False, f"{UNSHARE} failed: {err}"
+    return _Isolation(prefix=tuple(prefix) if ok else (), drop=root, why=why)
+
+
+def reduced_isolation(iso: _Isolation) -> str:
+    """What this machine's sandbox lacks, as one warning line; "" for the full isolation (root, namespaces)."""
+    who = f"uid {NOBODY}" if iso.drop else "your own user"
+    if iso.prefix:
+        return "" if iso.drop else (
+            "coa sandbox: not root, so model-written code runs in user namespaces (no network, private /tmp, this "
+            f"project hidden) as {who} rather than uid {NOBODY}; run as root for the full privilege drop")
+    reach = ("every world-readable file" if iso.drop else "every file you can, this project included")
+    return (f"coa sandbox: no namespace isolation ({iso.why or 'unavailable'}): model-written code runs as {who} "
+            f"with rlimits only, so it has the network, reads {reach}, writes /tmp and sees the host's processes "
+            "(common.tools.sandbox: permissive allows this; strict refuses it)")
+
+
+@functools.cache
+def _warn(message: str) -> None:
+    """Log each distinct warning once per process."""
+    log.warning("%s", message)
+
+
+def check_policy(policy: str) -> None:
+    """Apply ``common.tools.sandbox`` before any call: ``strict`` raises :class:`SandboxUnavailable` where
+    namespaces are unavailable; ``permissive`` (or strict where they are available) logs, once, what is missing."""
+    if policy not in POLICIES:
+        raise ValueError(f"sandbox policy must be one of {list(POLICIES)}, got {policy!r}")
+    iso = _isolation()
+    if policy == "strict" and not iso.prefix:
+        raise SandboxUnavailable(
+            f"common.tools.sandbox is strict, but this machine cannot isolate model-written code in namespaces "
+            f"({iso.why or 'unavailable'}): enable unprivileged user namespaces (sysctl -w "
+            "kernel.unprivileged_userns_clone=1; Ubuntu 24.04: sysctl -w kernel.apparmor_restrict_unprivileged_userns=0; "
+            "a container: allow unshare, e.g. docker run --security-opt seccomp=unconfined), run on Linux as root, "
+            "or set common.tools.sandbox: permissive (rlimits only: network and files reachable)")
+    if message := reduced_isolation(iso):
+        _warn(message)
 
 
 def _runs_unprivileged(python: str) -> bool:
@@ -320,6 +366,8 @@ def run_python(code: str, stdin: str = "", *, limits: SandboxLimits | None = Non
 
 def _run(code: str, stdin: str, limits: SandboxLimits) -> str:
     iso = _isolation()
+    if message := reduced_isolation(iso):  # a caller that skipped check_policy still hears it, once
+        _warn(message)
     python = limits.python or default_python()
     host_scratch = None if iso.prefix else tempfile.mkdtemp(prefix="coa-sandbox-")
     # With namespaces the scratch dir is created on the sandbox's private /tmp tmpfs, at a fixed path, so

@@ -28,12 +28,14 @@ def test_shipped_params_load(repo_root):
         ({"curate.sources": [{"kind": "hotpotq", "path": "h.json"}]}, r"did you mean hotpotqa\?"),
         ({"curate.decontaminate_ngram": -1}, r"curate\.decontaminate_ngram: must be >= 0"),
         ({"common.tools.search_provider": "google"}, r"common\.tools\.search_provider: must be one of \['bm25', 'http'\]"),
+        ({"common.tools.sandbox": "loose"}, r"common\.tools\.sandbox: must be one of \['strict', 'permissive'\]"),
         ({"index.b": 2.0}, r"index\.b: must be within \[0, 1\]"),
         ({"base.kind": "huge"}, r"base\.kind: must be one of \['tiny', 'hf', 'smollm2'\], got 'huge'"),
         ({"base.kind": "hf"}, r"base\.hf_path: kind=hf needs hf_path"),
         ({"base.tiny.num_attention_heads": 3}, r"base\.tiny\.num_attention_heads: must divide hidden_size"),
         ({"base.tokenizer.vocab_size": 1.5}, r"base\.tokenizer\.vocab_size: must be an integer"),
         # a validator names only its field; the loader says where the section sits (engines are in many stages)
+        ({"sft.logprob_chunk": -1}, r"^sft\.logprob_chunk: must be >= 0 \(positions per chunk; 0 = off\)"),
         ({"rl.engine.max_batch": 0}, r"^rl\.engine\.max_batch: must be >= 1"),
         ({"eval.engine.max_batch": 0}, r"^eval\.engine\.max_batch: must be >= 1"),
         ({"eval.sampling.web.top_p": 2.0}, r"^eval\.sampling\.web\.top_p: must be within"),
@@ -42,6 +44,15 @@ def test_shipped_params_load(repo_root):
 def test_bad_values_name_the_key(repo_root, overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_params(repo_root / "params.yaml", overrides)
+
+
+def test_sandbox_is_permissive_on_a_laptop_and_strict_in_the_paper_preset(repo_root):
+    import yaml
+
+    assert load_params(repo_root / "params.yaml").common.tools.sandbox == "permissive"
+    preset = yaml.safe_load((repo_root / "configs/paper.yaml").read_text())
+    flat = {k: v for k, v in flatten(preset).items() if k.startswith("common.tools.")}
+    assert load_params(repo_root / "params.yaml", flat).common.tools.sandbox == "strict"
 
 
 def test_missing_key_says_what_to_add(repo_root, tmp_path):

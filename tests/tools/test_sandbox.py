@@ -12,6 +12,7 @@ import os
 import resource
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -313,3 +314,83 @@ def test_a_project_checked_out_under_tmp_is_hidden_and_runs(tmp_path, monkeypatc
     monkeypatch.setattr(sandbox, "PROJECT_ROOT", project)
     out = run_python(f"import os\nprint(os.path.exists({str(project / 'answers.txt')!r}))")
     assert out.strip() == "False"
+
+
+# --- the policy (common.tools.sandbox): strict refuses without namespaces, up front -----------------------
+
+
+@pytest.fixture
+def tools_cfg(repo_root):
+    from coa.config import load_params
+
+    return load_params(repo_root / "params.yaml").common.tools
+
+
+@pytest.fixture
+def no_namespaces(monkeypatch):
+    """Namespaces unavailable the way the probe finds out: `unshare` cannot run (here: it is not there, as on
+    macOS). The probe and the once-per-message warnings start fresh, and so does every later test."""
+    monkeypatch.setattr(sandbox, "UNSHARE", "/nonexistent/unshare")
+    sandbox._probe_isolation.cache_clear()
+    sandbox._warn.cache_clear()
+    yield
+    sandbox._probe_isolation.cache_clear()
+    sandbox._warn.cache_clear()
+
+
+CODE = "```python\nprint(6 * 7)\n```"
+
+
+def test_strict_refuses_without_namespaces_when_the_tools_are_built(tools_cfg, no_namespaces, caplog):
+    from coa.runtime import tools_factory
+    from coa.tools import SandboxUnavailable, build_tools
+
+    strict = dataclasses.replace(tools_cfg, sandbox="strict")
+    for build in (lambda: build_tools(strict), lambda: tools_factory(strict, "no-index-needed-to-refuse")):
+        with pytest.raises(SandboxUnavailable) as err:
+            build()
+        message = str(err.value)
+        assert isinstance(err.value, SystemExit) and "\n" not in message
+        assert message.startswith("common.tools.sandbox is strict, but this machine cannot isolate")
+        assert "no /nonexistent/unshare: not Linux" in message  # why
+        assert "kernel.unprivileged_userns_clone=1" in message and "sandbox: permissive" in message  # what to do
+    assert "no namespace isolation" not in caplog.text  # refused, not warned about
+
+
+def test_strict_refusal_is_one_line_from_a_process(tools_cfg, repo_root):
+    script = (
+        "import dataclasses\nfrom coa.config import load_params\nfrom coa.tools import build_tools, sandbox\n"
+        "sandbox.UNSHARE = '/nonexistent/unshare'\n"
+        "cfg = load_params('params.yaml').common.tools\n"
+        "build_tools(dataclasses.replace(cfg, sandbox='strict'))\nprint('built')"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("common.tools.sandbox is strict")
+
+
+def test_permissive_runs_without_namespaces_and_says_what_is_missing(tools_cfg, no_namespaces, caplog):
+    from coa.tools import build_tools
+
+    assert tools_cfg.sandbox == "permissive"  # the embedded default keeps running on a laptop
+    with caplog.at_level("WARNING", logger="coa.tools.sandbox"):
+        tools = build_tools(tools_cfg)
+        assert tools["code"](CODE) == "42\n"
+        assert tools["code"](CODE) == "42\n"
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "coa.tools.sandbox"]  # once
+    assert "no namespace isolation (no /nonexistent/unshare: not Linux)" in warning
+    assert "rlimits only" in warning and "has the network" in warning and "writes /tmp" in warning
+    assert "permissive allows this; strict refuses it" in warning
+
+
+def test_strict_runs_with_namespaces(tools_cfg, caplog):
+    from coa.tools import build_tools
+
+    if not sandbox._isolation().prefix:
+        pytest.skip(f"this machine has no namespaces for the sandbox ({sandbox._isolation().why})")
+    with caplog.at_level("WARNING", logger="coa.tools.sandbox"):
+        tools = build_tools(dataclasses.replace(tools_cfg, sandbox="strict"))
+        assert tools["code"](CODE) == "42\n"
+        assert "Network is unreachable" in tools["code"]("```python\nimport socket\n"
+                                                         "socket.create_connection(('127.0.0.1', 9))\n```")
+    assert "no namespace isolation" not in caplog.text
