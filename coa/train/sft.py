@@ -18,6 +18,15 @@ data parallelism give the same gradient as one big batch. Targets are the policy
 prompt, observations and padding never are); logits are computed only where a target follows
 (``logits_to_keep``), which matters with 150k-token vocabularies.
 
+Memory (a 7B model, 32k-token rows: docs/scale.md), as in the RL update. ``sft.gradient_checkpointing`` recomputes
+every decoder layer in backward (coa.train.kit.gradient_checkpointing, for the loop only). ``sft.logprob_chunk`` > 0
+stops the forward at the final hidden states of the N targets (coa.train.kit.target_hidden) and takes each token's
+cross-entropy as minus coa.train.kit.chunked_token_logprobs, that many positions at a time: the float32 logits
+exist one chunk at a time and backward recomputes them (0: the [N, V] logits of the whole micro-batch at once).
+Under ZeRO-3 every chunk gathers the lm head's shards, so every rank runs as many chunks in a micro-batch as the
+rank with the most targets there (counted from the step's rows, which every rank knows: no collective). Neither
+changes a figure beyond rounding, and neither is part of what a checkpoint is valid for.
+
 Attention. ``attention="varlen"`` (default) registers the attention function ``coa_varlen`` with
 transformers: each sample of a packed row attends causally to itself through its own
 ``scaled_dot_product_attention(is_causal=True)`` call, so no [T, T] mask is built and the cost is
@@ -66,13 +75,18 @@ from coa.train.kit import (
     autocast,
     build_optimizer,
     checkpoints,  # noqa: F401 - coa.train.sft.checkpoints, as before it moved to the kit
+    chunked_token_logprobs,
     collate_rows,
+    gradient_checkpointing,
     json_number,
     load_checkpoint,
+    n_chunks,
+    n_targets,
     release_freed_memory,
     save_checkpoint,
     seeded_stream,
     set_trainable,
+    target_hidden,
     target_logits,
     varlen_inputs,
 )
@@ -140,6 +154,12 @@ def step_rows(n_rows: int, seed: int, step: int, per_step: int) -> list[int]:
                          lambda epoch: derive_seed(seed, "sft", "epoch", str(epoch)))
 
 
+def micro_rows(step_idx: Sequence[int], m: int, rank: int, world: int, per_micro: int) -> Sequence[int]:
+    """The rows of rank ``rank``'s micro-batch ``m`` among an optimizer step's ``step_idx``."""
+    at = (m * world + rank) * per_micro
+    return step_idx[at : at + per_micro]
+
+
 # ----------------------------------------------------------------------------- schedule
 
 
@@ -161,18 +181,26 @@ def lr_factor(step: int, total: int, warmup_ratio: float, min_lr_ratio: float) -
 # ----------------------------------------------------------------------------- attention and loss
 
 
-def batch_loss(model: Any, batch: Batch, attention: Attention,
-               mask_dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+def batch_loss(model: Any, batch: Batch, attention: Attention, mask_dtype: torch.dtype, chunk: int = 0,
+               min_chunks: int = 1) -> tuple[torch.Tensor, int]:
     """(sum over target tokens of weight * cross entropy, number of target tokens) of one micro-batch.
 
     Divided by the summed weights this is coa.train.data.token_loss; logits exist only at positions followed by
-    a target: [N, V], N = target tokens (coa.train.kit.target_logits).
+    a target: [N, V], N = target tokens (coa.train.kit.target_logits). ``chunk`` > 0 (``sft.logprob_chunk``):
+    the cross-entropy is minus the targets' log-probs from the final hidden states [N, H], ``chunk`` positions
+    at a time (coa.train.kit.chunked_token_logprobs; ``min_chunks``: as many chunks on every ZeRO-3 rank).
     """
     inputs = varlen_inputs(batch) if attention == "varlen" else batch.model_inputs(mask_dtype)
-    logits, target = target_logits(model, batch, inputs)  # [N, V]
-    labels = batch.labels[:, 1:][target]
+    if chunk <= 0:
+        logits, target = target_logits(model, batch, inputs)  # [N, V]
+        labels = batch.labels[:, 1:][target]
+        ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    else:
+        hidden, target = target_hidden(model, batch, inputs)  # [N, H]
+        labels = batch.labels[:, 1:][target]
+        head = getattr(model, "module", model).get_output_embeddings()
+        ce = -chunked_token_logprobs(hidden, head, labels, 1.0, chunk, min_chunks)[0]
     w = batch.weights[:, 1:][target]
-    ce = F.cross_entropy(logits.float(), labels, reduction="none")
     return (w * ce).sum(), int(labels.numel())
 
 
@@ -181,9 +209,10 @@ def batch_loss(model: Any, batch: Batch, attention: Attention,
 
 def fingerprint(model: torch.nn.Module, examples: Sequence[Example], cfg: SftConfig, seed: int, world: int,
                 attention: str, extra: str = "") -> str:
-    """What a checkpoint is only valid for: training config, seed, data, starting weights, world size."""
+    """What a checkpoint is only valid for: training config, seed, data, starting weights, world size (not how the
+    loss saves memory: ``gradient_checkpointing`` and ``logprob_chunk`` change no figure beyond rounding)."""
     h = hashlib.sha256()
-    skip = ("checkpoint_every", "keep_checkpoints", "register_as")
+    skip = ("checkpoint_every", "keep_checkpoints", "register_as", "gradient_checkpointing", "logprob_chunk")
     conf = {k: v for k, v in to_dict(cfg).items() if k not in skip}
     h.update(json.dumps([conf, seed, world, attention, extra], sort_keys=True).encode())
     for ex in examples:
@@ -331,7 +360,9 @@ def train_sft(
     train_s, tokens_here = 0.0, 0
     bar = tqdm(total=total, initial=state.step, desc="sft", unit="step", disable=not (progress and main),
                mininterval=2)
-    with attention_impl(model, attention):
+    chunk = cfg.logprob_chunk
+    row_targets = [n_targets(examples, row) for row in rows] if chunk > 0 else []
+    with attention_impl(model, attention), gradient_checkpointing(run, cfg.gradient_checkpointing):
         for step in range(state.step, total):
             t0 = time.perf_counter()
             step_idx = step_rows(len(rows), seed, step, per_step)
@@ -339,11 +370,13 @@ def train_sft(
             lr = scheduler.get_last_lr()[0]
             loss_sum, n_tok, n_target, n_pos = 0.0, 0, 0, 0
             for m in range(cfg.gradient_accumulation):
-                at = (m * world + rank) * per_micro
-                micro = [rows[r] for r in step_idx[at : at + per_micro]]
+                micro = [rows[r] for r in micro_rows(step_idx, m, rank, world, per_micro)]
                 batch = collate(examples, micro, cfg, pad_id, attention).to(dev)
+                # as many lm-head chunks on every rank (ZeRO-3 gathers the head in each): the most any rank needs
+                need = max(n_chunks(sum(row_targets[r] for r in micro_rows(step_idx, m, k, world, per_micro)), chunk)
+                           for k in range(world)) if chunk > 0 else 1
                 with autocast(dev, autocast_dtype):
-                    s, n = batch_loss(run, batch, attention, mask_dtype)
+                    s, n = batch_loss(run, batch, attention, mask_dtype, chunk, need)
                 scaled = s / total_w if total_w > 0 else s * 0.0
                 if use_ds:
                     engine.backward(scaled * world, scale_wrt_gas=False)

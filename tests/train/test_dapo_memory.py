@@ -20,7 +20,7 @@ from coa.rollout.hf import HFEngine
 from coa.rollout.types import Request, Sampling
 from coa.train import kit
 from coa.train.dapo import _update, chunked_token_logprobs, entropy, heldout_kl, token_logprobs
-from coa.train.dapo.loss import chunk_bounds
+from coa.train.kit import chunk_bounds
 from coa.train.zero import gathered_model
 from tests.rollout.conftest import Recorder
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2

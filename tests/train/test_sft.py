@@ -161,6 +161,109 @@ def test_packed_and_padded_give_the_same_first_loss(tok, examples, attention):
     assert losses[True] == pytest.approx(losses[False], abs=1e-5)
 
 
+# --------------------------------------------------------------------------- memory: checkpointing, chunked log-probs
+
+
+def loss_and_grads(model, batch, attention: str, gc: bool, chunk: int, min_chunks: int = 1):
+    """batch_loss and its backward as train_sft runs them (sft.gradient_checkpointing, sft.logprob_chunk):
+    (loss, targets, every parameter's gradient, calls of the lm head and of the layers' MLPs)."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    calls = {"head": 0, "mlp": 0}  # pre-hooks: a recompute in backward stops once it has what backward needs
+    hooks = [model.lm_head.register_forward_pre_hook(lambda *_: calls.__setitem__("head", calls["head"] + 1))]
+    hooks += [layer.mlp.register_forward_pre_hook(lambda *_: calls.__setitem__("mlp", calls["mlp"] + 1))
+              for layer in model.model.layers]
+    with K.attention_impl(model, attention), K.gradient_checkpointing(model, gc):
+        s, n = T.batch_loss(model, batch, attention, torch.float32, chunk, min_chunks)
+        s.backward()
+    for hook in hooks:
+        hook.remove()
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # off again
+    return float(s.detach()), n, {k: p.grad.clone() for k, p in model.named_parameters()}, calls
+
+
+@pytest.mark.parametrize("attention", ["varlen", "mask"])
+def test_checkpointed_and_chunked_loss_and_gradients_equal_the_plain_ones(tok, examples, attention):
+    """On two packed rows of weighted samples: the same loss and every parameter's gradient with the layers
+    recomputed in backward and the cross-entropy in chunks of 7 targets (not dividing N), and with more chunks
+    than needed (a ZeRO-3 rank with fewer targets: empty ones)."""
+    rows = sft.pack(examples, 512)[:2]
+    collate = K.collate_rows if attention == "varlen" else sft.collate_packed
+    batch = collate(examples, rows, 512, tok.pad_token_id)
+    ref, n, ref_grads, ref_calls = loss_and_grads(tiny_model(tok), batch, attention, gc=False, chunk=0)
+    chunks = K.n_chunks(n, 7)
+    assert n == sum(K.n_targets(examples, row) for row in rows) and n % 7 != 0 and chunks > 2
+    assert ref_calls == {"head": 1, "mlp": 2}
+    for gc, chunk, min_chunks in [(True, 0, 1), (False, 7, 1), (True, 7, 1), (False, 7, chunks + 3)]:
+        loss, n2, grads, calls = loss_and_grads(tiny_model(tok), batch, attention, gc, chunk, min_chunks)
+        assert n2 == n
+        # not vacuous: layers recomputed in backward; the head once per chunk, again in backward
+        assert calls["mlp"] == (4 if gc else 2)
+        assert calls["head"] == (2 * max(chunks, min_chunks) if chunk else 1)
+        assert loss == pytest.approx(ref, rel=1e-6), (gc, chunk, min_chunks)
+        for k, g in ref_grads.items():  # float32 rounding of sums in another order: ~6e-7 of the largest entry
+            err = float((grads[k] - g).abs().max() / g.abs().max())
+            assert err < 1e-5, (gc, chunk, min_chunks, k, err)
+
+
+def kept_for_backward(model, fn) -> tuple[torch.Tensor, int]:
+    """(fn(), bytes of the tensors autograd keeps for backward outside checkpointed regions, parameters not
+    counted): a checkpointed region keeps its inputs only and saves nothing through these hooks."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(kept.values())
+
+
+def test_chunked_loss_keeps_no_logits_and_checkpointing_no_layer_activations(tok, examples):
+    """What backward holds: the plain loss keeps the float32 log-softmax of every target ([N, V]); in chunks,
+    none of it. With checkpointing the layers keep their inputs only: less than half of what they kept."""
+    from transformers import Qwen2ForCausalLM
+
+    config = tiny_model(tok).config
+    config.vocab_size = 16384  # a large vocabulary: the logits dwarf the tiny model's activations
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).float().train()
+    rows = sft.pack(examples, 512)[:2]
+    batch = K.collate_rows(examples, rows, 512, tok.pad_token_id)
+    n = sum(K.n_targets(examples, row) for row in rows)
+    kept = {}
+    with K.attention_impl(model, "varlen"):
+        for gc, chunk in [(False, 0), (False, 64), (True, 64)]:
+            with K.gradient_checkpointing(model, gc):
+                (s, _), kept[gc, chunk] = kept_for_backward(
+                    model, lambda c=chunk: T.batch_loss(model, batch, "varlen", torch.float32, c))
+                s.backward()
+    logits = n * config.vocab_size * 4  # 9.6 MB here; the rest of the tiny model's activations: ~5 MB
+    assert kept[False, 0] >= logits
+    assert kept[False, 0] - kept[False, 64] >= 0.9 * logits  # chunks without the checkpoint would keep it all
+    assert kept[True, 64] < kept[False, 64] / 2  # ~0.6 MB against ~5 MB
+
+
+def test_memory_settings_leave_training_and_its_checkpoints_unchanged(tok, examples):
+    """train_sft with sft.gradient_checkpointing and sft.logprob_chunk moves the weights as without them, and a
+    checkpoint made without them is resumed with them (they are not part of its fingerprint)."""
+    plain, saving = tiny_model(tok), tiny_model(tok)
+    c = cfg(rows_per_step=2, epochs=1.0)
+    r0 = T.train_sft(plain, examples, c, seed=2, pad_id=0, progress=False)
+    c1 = dataclasses.replace(c, gradient_checkpointing=True, logprob_chunk=7)
+    r1 = T.train_sft(saving, examples, c1, seed=2, pad_id=0, progress=False)
+    assert r0.steps == r1.steps >= 2
+    assert [h["loss"] for h in r1.history] == pytest.approx([h["loss"] for h in r0.history], abs=1e-6)
+    for (k, va), vb in zip(plain.state_dict().items(), saving.state_dict().values(), strict=True):
+        assert torch.allclose(va, vb, atol=1e-5), k  # AdamW steps on float32 rounding (~2e-6): as accumulation
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in saving.modules())
+    assert T.fingerprint(plain, examples, c, 2, 1, "varlen") == T.fingerprint(plain, examples, c1, 2, 1, "varlen")
+
+
 # --------------------------------------------------------------------------- training
 
 

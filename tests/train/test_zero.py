@@ -132,6 +132,17 @@ def test_deepspeed_two_processes_on_gloo_match_one(tmp_path):
     assert two["losses"] == pytest.approx(one["losses"], abs=1e-4)
 
 
+@pytest.mark.slow
+def test_deepspeed_zero3_two_ranks_checkpointed_and_chunked_match_one_plain(tmp_path):
+    """sft.gradient_checkpointing and sft.logprob_chunk under ZeRO-3 on two ranks: every chunk gathers the lm
+    head's shards, so both ranks run as many chunks though their rows hold different numbers of targets (else
+    the gathers fall out of step); the losses of one plain process."""
+    spec = {"epochs": 2.0, "rows_per_step": 1, "dtype": "float32", "zero": 3}
+    two, _ = run_ds(tmp_path, {**spec, "gradient_checkpointing": True, "logprob_chunk": 7}, "two", nproc=2)
+    one, _ = run_ds(tmp_path, {**spec, "rows_per_step": 2, "deepspeed": False}, "one")
+    assert two["losses"] == pytest.approx(one["losses"], abs=1e-4)
+
+
 def test_deepspeed_config_from_params():
     c = cfg(
         rows_per_step=2,
@@ -170,6 +181,7 @@ def test_paper_preset_merges_over_params_into_valid_config():
     s = params.sft
     assert (s.lr, s.warmup_ratio, s.max_len, s.row_tokens, s.dtype) == (1.4e-5, 0.1, 32768, 32768, "bfloat16")
     assert 2.0 <= s.epochs <= 2.5
+    assert s.gradient_checkpointing and s.logprob_chunk == 1024  # the 7B row budget of docs/scale.md
     assert s.deepspeed.enabled and s.deepspeed.zero_stage == 3 and s.deepspeed.dist_backend == "nccl"
     assert Z.deepspeed_config(s.deepspeed, 8, **zero_settings(s))["train_batch_size"] == (
         s.rows_per_step * s.gradient_accumulation * 8)

@@ -69,6 +69,8 @@ def cfg(**kw) -> SftConfig:
         trainable_layers=0,
         mask_drafts=False,
         dtype="float32",
+        gradient_checkpointing=False,
+        logprob_chunk=0,
         checkpoint_every=2,
         keep_checkpoints=2,
         register_as="coa-sft",

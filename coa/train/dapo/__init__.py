@@ -44,7 +44,6 @@ from coa.train.dapo.loop import (
     train_dapo,
 )
 from coa.train.dapo.loss import (
-    chunked_token_logprobs,
     clip_fraction,
     entropy,
     group_advantages,
@@ -55,6 +54,7 @@ from coa.train.dapo.loss import (
     token_logprobs,
 )
 from coa.train.dapo.update import _update, first_trainable_layer, heldout_kl, policy_logprobs
+from coa.train.kit import chunked_token_logprobs
 
 __all__ = ["PLOT_KEYS", "DapoResult", "LogFn", "Score", "_update", "chunked_token_logprobs", "clip_fraction", "entropy",
            "first_trainable_layer", "group_advantages", "heldout_kl", "keep_groups", "kl_k3", "masked_mean",

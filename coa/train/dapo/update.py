@@ -11,7 +11,7 @@ top N layers only (the same update up to the engine's rounding: tests/train/test
 
 Memory (a 7B model, 32k-token rows: docs/scale.md): the forwards stop at the final hidden states [N, H] of the N
 positions a target follows; log-probs and entropy come from them ``rl.logprob_chunk`` positions at a time
-(coa.train.dapo.loss.chunked_token_logprobs: the lm head's float32 logits exist one chunk at a time, and backward
+(coa.train.kit.chunked_token_logprobs: the lm head's float32 logits exist one chunk at a time, and backward
 recomputes them). ``rl.gradient_checkpointing`` recomputes every decoder layer in backward (kit.gradient_checkpointing,
 on for the update only), in :func:`_forward_top` too: its layers are the model's own, which checkpoint themselves.
 Under ZeRO-3 each chunk gathers the lm head's shards, so every rank runs as many chunks per row (the most any rank
@@ -29,14 +29,7 @@ import torch
 
 from coa.rollout.types import Rollout
 from coa.train import kit
-from coa.train.dapo.loss import (
-    chunked_token_logprobs,
-    clip_fraction,
-    kl_k3,
-    masked_mean,
-    n_chunks,
-    policy_loss,
-)
+from coa.train.dapo.loss import clip_fraction, kl_k3, masked_mean, policy_loss
 from coa.train.dapo.ranks import Ranks
 from coa.train.data import Example, pack
 
@@ -72,17 +65,12 @@ def _forward(model: Any, examples: Sequence[Example], row: list[int], pad_id: in
     return hidden, batch.labels[:, 1:][target], batch.segment_ids[:, 1:][target]
 
 
-def _n_targets(examples: Sequence[Example], row: list[int]) -> int:
-    """N, the policy tokens of a packed row (:func:`_forward`'s; a sample's first token is never a target)."""
-    return sum(sum(examples[i].loss_mask[1:]) for i in row)
-
-
 def _logprobs(model: Any, hidden: torch.Tensor, target: torch.Tensor, temperature: float, chunk: int,
               min_chunks: int = 1, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-probs [N] float32, entropy [N] or None) of the targets from :func:`_forward`'s hidden [N, H], by the
     model's own lm head (a DeepSpeed engine's: its module's) in chunks of positions."""
     head = getattr(model, "module", model).get_output_embeddings()
-    return chunked_token_logprobs(hidden, head, target, temperature, chunk, min_chunks, with_entropy)
+    return kit.chunked_token_logprobs(hidden, head, target, temperature, chunk, min_chunks, with_entropy)
 
 
 def _forward_top(model: Any, examples: Sequence[Example], states: Sequence[torch.Tensor], row: list[int],
@@ -170,7 +158,8 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     # and as many lm-head chunks in each row (ZeRO-3 gathers the head in each): the most any rank needs there
     chunk = cfg.logprob_chunk
     places = [(b, m) for b, mini in enumerate(minis) for m in range(len(mini))]
-    counts = ranks.max([n_chunks(_n_targets(examples, minis[b][m]) if minis[b][m] else 1, chunk) for b, m in places])
+    counts = ranks.max([kit.n_chunks(kit.n_targets(examples, minis[b][m]) if minis[b][m] else 1, chunk)
+                        for b, m in places])
     need = dict(zip(places, counts, strict=True))
 
     def filler_logprobs(mdl: Any, b: int, m: int) -> torch.Tensor:
@@ -218,7 +207,7 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     loss_sum = clip_sum = kl_sum = 0.0
     grad_norms = []
     for b, mini in enumerate(minis):
-        n_mini = int(ranks.sum([sum(_n_targets(examples, row) for row in mini if row)])[0])
+        n_mini = int(ranks.sum([sum(kit.n_targets(examples, row) for row in mini if row)])[0])
         for m, row in enumerate(mini):
             if row is None:
                 with kit.autocast(dev, autocast_dtype):
