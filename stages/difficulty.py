@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import polars as pl
 
@@ -39,14 +40,19 @@ def main(argv: list[str] | None = None) -> None:
         cfg = st.params.difficulty
         tasks = read_table(st.args.tasks, Task).sort("task_id").to_dicts()
         todo, unchecked = to_ask(tasks, cfg.domains, cfg.splits, cfg.max_tasks)
-        engine = engine_from(cfg.engine, cfg.model_path)
-        st.compute = compute_facts(engine_dtype(cfg.engine))
-        sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
-                            seed=derive_seed(st.params.common.seed, "difficulty"))
-        start = time.perf_counter()
-        samples = sample_closed_book(engine, todo, cfg.n_samples, sampling, cfg.max_new_tokens)
-        sample_s = time.perf_counter() - start
-        close_engine(engine)
+        if todo and st.params.base.reference == "none" and not (Path(cfg.model_path) / "config.json").is_file():
+            raise SystemExit(f"difficulty: base.reference is none, so {cfg.model_path} holds no model: point "
+                             "difficulty.model_path at a model folder, or set difficulty.domains: [] (no filter)")
+        samples, sample_s = {}, 0.0
+        if todo:  # nothing covered (difficulty.domains: []): every task passes, no reference is loaded
+            engine = engine_from(cfg.engine, cfg.model_path)
+            st.compute = compute_facts(engine_dtype(cfg.engine))
+            sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
+                                seed=derive_seed(st.params.common.seed, "difficulty"))
+            start = time.perf_counter()
+            samples = sample_closed_book(engine, todo, cfg.n_samples, sampling, cfg.max_new_tokens)
+            sample_s = time.perf_counter() - start
+            close_engine(engine)
         stats = task_stats(tasks, samples, cfg.max_pass_rate, unchecked)
         table = pl.DataFrame([s.as_row() for s in stats], schema=TASK_STATS_DTYPES).sort("task_id")
         write_table(table, st.args.stats, TaskStats)

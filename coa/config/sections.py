@@ -42,6 +42,10 @@ class ToolsConfig:
     page_chars: int = _help("crawl_page: longest page text per URL.")
     max_observation_chars: int = _help("Every observation is capped at this length (reference: 1536).")
     code_wall_time_s: float = _help("Python sandbox: wall-time limit per call.")
+    sandbox: Literal["strict", "permissive"] = _help(
+        "Python sandbox policy. strict: refuse to start (one line, when the tools are built) where model-written "
+        "code cannot run in namespaces (no network, private /tmp, the project hidden); permissive: fall back to "
+        "rlimits only (network and files reachable) with a warning, as on macOS or a locked-down container.")
 
     def __post_init__(self) -> None:
         for name in ("search_top_k", "snippet_chars", "page_chars", "max_observation_chars"):
@@ -252,7 +256,8 @@ class DistillConfig:
 
 @dataclass(frozen=True)
 class DifficultyConfig:
-    domains: list[str] = _help("Domains whose tasks are filtered (the paper: the web QA tasks); others pass, kept.")
+    domains: list[str] = _help("Domains whose tasks are filtered (the paper: the web QA tasks); others pass, kept. "
+                               "[] = no filter: every task kept, no reference model loaded.")
     splits: list[str] = _help("Splits whose tasks are filtered; the rest (eval) pass through, kept.")
     model_path: str = _help("The closed-book reference: a Hugging Face folder (the base stage's models/reference, "
                             "or one under inputs/models) or, with engine.kind=openai, the tokenizer folder.")
@@ -269,8 +274,7 @@ class DifficultyConfig:
 
     def __post_init__(self) -> None:
         _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
-        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "domains",
-                 "must be a non-empty subset of [web, math, code]")
+        _require(set(self.domains) <= {"web", "math", "code"}, "domains", "must be a subset of [web, math, code]")
         _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits",
                  f"must be a non-empty subset of {list(SPLITS)}")
         _require(self.n_samples >= 1, "n_samples", "must be >= 1")
@@ -316,6 +320,13 @@ class SftConfig:
                               "context, not a target: only the recovery is learned (coa.format.draft_spans).")
     dtype: Literal["auto", "float32", "bfloat16"] = _help(
         "Autocast dtype (float32 master weights either way); auto = bfloat16 only where native.")
+    gradient_checkpointing: bool = _help(
+        "Recompute each decoder layer's activations in the backward pass instead of keeping them, as rl's: a "
+        "32k-token row of a 7B model needs it on an 80 GB GPU (docs/scale.md).")
+    logprob_chunk: int = _help(
+        "Positions per chunk when the loss turns final hidden states into cross-entropy: the lm head runs on this "
+        "many at a time, in float32 per chunk, and backward recomputes them (no [targets x vocab] tensor is "
+        "kept; rl.logprob_chunk's); 0 = every target at once.")
     checkpoint_every: int = _help("Steps between resumable checkpoints (model, optimizer, scheduler, data order, RNG).")
     keep_checkpoints: int = _help("Most recent checkpoints kept.")
     register_as: str = _help("MLflow registered-model name of the result.")
@@ -334,6 +345,7 @@ class SftConfig:
                  "must be two numbers in [0, 1)")
         _require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = off)")
         _require(self.trainable_layers >= 0, "trainable_layers", "must be >= 0 (0 = every parameter)")
+        _require(self.logprob_chunk >= 0, "logprob_chunk", "must be >= 0 (positions per chunk; 0 = off)")
 
 
 @dataclass(frozen=True)
@@ -446,7 +458,7 @@ class EvalConfig:
     teacher: bool = _help("Also run the teacher team (distill.teacher) on the same tasks, k times, for accuracy and cost.")
     benchmarks: list[SourceConfig] = _help("Public sets evaluated beside the split (curate.sources entries: kind, "
                                            "path under curate.data_dir, n); each is reported as its own group.")
-    n_boot: int = _help("Bootstrap resamples of the accuracy confidence interval.")
+    n_boot: int = _help("Bootstrap resamples of the paired RL-vs-SFT interval (accuracy's own is Wilson's).")
     engine: EngineConfig = _help("How the policies are run.")
 
     def __post_init__(self) -> None:

@@ -4,6 +4,7 @@ for ~50 s and end in an OSError traceback)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -76,6 +77,36 @@ def test_difficulty_without_its_reference_model_names_it_and_its_stage(stage_dir
                        "run `dvc repro base` (the base stage writes it)")
     assert took < 5, took
     assert not (stage_dir / "metrics/difficulty.json").exists()
+
+
+def _difficulty(stage_dir: Path, **difficulty) -> list[str]:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["base"]["reference"] = "none"  # the README's recipe: the base stage leaves models/reference a note
+    params["difficulty"].update(model_path="models/reference", engine={**params["difficulty"]["engine"], "kind": "hf"},
+                                **difficulty)
+    (stage_dir / "params.yaml").write_text(yaml.safe_dump(params))
+    (stage_dir / "models/reference").mkdir(parents=True)
+    (stage_dir / "models/reference/README.md").write_text("No reference model: params base.reference is none.\n")
+    paths = {"tasks": "data/tasks.parquet", "stats": "data/difficulty.parquet",
+             "rejects": "data/rejects/difficulty.parquet", "metrics": "metrics/difficulty.json"}
+    return ["--params", str(stage_dir / "params.yaml"), *[x for k, v in paths.items() for x in (f"--{k}", v)]]
+
+
+def test_difficulty_with_base_reference_none_says_what_to_set(stage_dir):
+    from stages import difficulty
+
+    message, took = one_line_exit(difficulty.main, _difficulty(stage_dir))
+    assert message == ("difficulty: base.reference is none, so models/reference holds no model: point "
+                       "difficulty.model_path at a model folder, or set difficulty.domains: [] (no filter)")
+    assert took < 5, took
+
+
+def test_difficulty_without_domains_needs_no_reference(stage_dir):
+    from stages import difficulty
+
+    difficulty.main(_difficulty(stage_dir, domains=[]))  # transformers is never asked (the fixture fails it)
+    metrics = json.loads((stage_dir / "metrics/difficulty.json").read_text())
+    assert metrics["covered"] == metrics["dropped"] == 0 and metrics["kept"] == metrics["tasks"] > 0
 
 
 def test_an_input_model_folder_no_stage_writes_says_to_fix_the_path(stage_dir):
