@@ -2,7 +2,8 @@
 
 On CPUs without AVX-512 BF16 or AMX (most laptops, AVX2 servers) a bf16 matmul is emulated and runs
 ~40x slower than float32, so ``auto`` picks float32 there; CUDA devices with bf16 support and CPUs
-with AVX512_BF16/AMX get bfloat16. Every stage logs the dtype it resolved; its metrics JSON records it
+with AVX512_BF16/AMX get bfloat16, unless torch's or oneDNN's kernels are held below AVX-512
+(``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2``: how an AVX512 machine runs as an AVX2 laptop). Every stage logs the dtype it resolved; its metrics JSON records it
 beside ``hardware_facts()`` (torch's CPU kernel level, AMX, AVX512_BF16).
 
     >>> resolve_dtype("float32")
@@ -10,11 +11,14 @@ beside ``hardware_facts()`` (torch's CPU kernel level, AMX, AVX512_BF16).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# oneDNN's ISA levels below its bf16 ones (ONEDNN_MAX_CPU_ISA): held there, its bf16 matmuls are emulated.
+_ONEDNN_BELOW_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
 
 
 def _cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
@@ -47,6 +51,9 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
     if dev.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if dev.type != "cpu":
+        return False
+    held = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    if cpu_capability() != "AVX512" or held in _ONEDNN_BELOW_BF16:  # kernels held below AVX-512 (or none)
         return False
     return any(cpu_bf16_features().values())
 

@@ -6,10 +6,14 @@ from coa import device
 from coa.device import native_bf16, resolve_dtype
 
 
-def _cpu(monkeypatch, *, avx512_bf16=False, amx=False, flags=""):
+def _cpu(monkeypatch, *, avx512_bf16=False, amx=False, flags="", capability=None):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     monkeypatch.setattr(device, "_cpu_flags", lambda: set(flags.split()))
+    native = avx512_bf16 or amx or "bf16" in flags  # a bf16 unit comes with AVX-512: torch's kernels at AVX512
+    monkeypatch.setattr(device, "cpu_capability", lambda: capability or ("AVX512" if native else "AVX2"))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
 
 
 def test_avx2_cpu_gets_float32(monkeypatch):
@@ -23,6 +27,19 @@ def test_avx2_cpu_gets_float32(monkeypatch):
 def test_native_bf16_cpu_gets_bfloat16(monkeypatch, kw):
     _cpu(monkeypatch, **kw)
     assert resolve_dtype("auto", "cpu") == torch.bfloat16
+
+
+@pytest.mark.parametrize("held", [{"capability": "AVX2"}, {"env": ("ONEDNN_MAX_CPU_ISA", "AVX2")},
+                                  {"env": ("DNNL_MAX_CPU_ISA", "avx512_core")}])
+def test_an_avx512_bf16_cpu_held_to_avx2_gets_float32(monkeypatch, held):
+    """ATEN_CPU_CAPABILITY=avx2 (torch reports AVX2) or oneDNN held below its bf16 ISA: bf16 would be emulated,
+    so auto is float32, as on a real AVX2 laptop (docs/sizing.md: the AVX2 run)."""
+    _cpu(monkeypatch, avx512_bf16=True, amx=True, capability=held.get("capability"))
+    if "env" in held:
+        monkeypatch.setenv(*held["env"])
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+    assert resolve_dtype("auto", "cpu") == (torch.float32 if "capability" in held else torch.bfloat16)
 
 
 def test_cuda_follows_bf16_support(monkeypatch):
@@ -63,7 +80,7 @@ def test_shipped_params_use_auto():
 def test_hardware_facts_name_the_bf16_units(monkeypatch, kw, amx, avx512_bf16):
     _cpu(monkeypatch, **kw)
     facts = device.hardware_facts()
-    assert facts == {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "amx": amx,
+    assert facts == {"cpu_capability": device.cpu_capability(), "amx": amx,
                      "avx512_bf16": avx512_bf16}
     assert native_bf16("cpu") == (amx or avx512_bf16)
     assert device.compute_facts(torch.bfloat16) == {"dtype": "bfloat16", **facts}
