@@ -7,7 +7,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup vllm pipeline test lint lock lock-vllm lock-vllm-cuda bench s3 mlflow-server prefect-server plots-template
+.PHONY: setup vllm pipeline test test-slow lint lock lock-vllm lock-vllm-cuda bench s3 mlflow-server prefect-server plots-template
 
 # vLLM's own environment (docs/scale.md): its pins (fastapi, transformers, its torch build) cannot share .venv.
 # The stages whose engine is vllm switch to it by themselves. On GPUs: VLLM_LOCK=requirements-vllm-cuda.lock.
@@ -68,12 +68,20 @@ vllm: $(VLLM_STAMP)
 pipeline: setup
 	COA_PIPELINE_RUN_ID=$${COA_PIPELINE_RUN_ID:-make-$$(date +%Y%m%d-%H%M%S)} dvc repro
 
-## The test suite (GPU tests skip themselves without a GPU); then the vLLM tests in vLLM's environment
-## (VLLM=0: without them, and without building .venv-vllm).
+## The test suite, under 20 minutes on 2 cores: every test not marked slow (the end-to-end dvc repro of every
+## stage included; GPU tests skip themselves without a GPU), then the vLLM tests in vLLM's environment
+## (VLLM=0: without them, and without building .venv-vllm). test-slow: the heavier ones; CI runs both.
+VLLM_TESTS := tests/rollout/test_vllm.py tests/rollout/test_vllm_rl.py
 test: setup $(if $(filter 1,$(VLLM)),vllm)
-	$(BIN)/python -m pytest -m "not vllm"
+	$(BIN)/python -m pytest -m "not vllm and not slow" --durations=15
 ifeq ($(VLLM),1)
-	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/rollout/test_vllm.py tests/rollout/test_vllm_rl.py
+	$(VLLM_VENV)/bin/python -m pytest -m "vllm and not slow" --durations=5 $(VLLM_TESTS)
+endif
+
+test-slow: setup $(if $(filter 1,$(VLLM)),vllm)
+	$(BIN)/python -m pytest -m "slow and not vllm" --durations=15
+ifeq ($(VLLM),1)
+	$(VLLM_VENV)/bin/python -m pytest -m "vllm and slow" --durations=5 $(VLLM_TESTS)
 endif
 
 lint: setup

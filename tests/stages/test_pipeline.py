@@ -1,8 +1,9 @@
 """End to end: every stage that exists, through `dvc repro`, on smoke-size params.
 
 Runs in a copy of the repository (its own git repo, DVC cache and MLflow store), so the stages and
-dvc.yaml never drift apart. Also checks determinism (`dvc repro -f` gives byte-identical artifacts)
-and the MLflow lineage of every stage run.
+dvc.yaml never drift apart; the one end-to-end run of `make test` (its tests are not marked slow). Also
+checks determinism (`dvc repro -f` gives byte-identical artifacts, in make test-slow) and the MLflow lineage
+of every stage run.
 """
 
 from __future__ import annotations
@@ -105,7 +106,6 @@ def smoke_repo(tmp_path_factory) -> Path:
     return repo
 
 
-@pytest.mark.slow
 def test_dvc_repro_runs_every_stage(smoke_repo):
     lock = yaml.safe_load((smoke_repo / "dvc.lock").read_text())
     stages = yaml.safe_load((smoke_repo / "dvc.yaml").read_text())["stages"]
@@ -140,7 +140,7 @@ def test_dvc_repro_runs_every_stage(smoke_repo):
     assert len(index) == read_table(smoke_repo / "data/corpus.parquet", Document).height
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a second whole repro: make test-slow
 def test_forced_rerun_is_byte_identical_and_lineage_is_logged(smoke_repo):
     first = digests(smoke_repo)
     shutil.rmtree(smoke_repo / ".cache")  # the teacher really runs again
@@ -170,7 +170,6 @@ def test_forced_rerun_is_byte_identical_and_lineage_is_logged(smoke_repo):
     assert base.data.params["base.kind"] == "tiny"
 
 
-@pytest.mark.slow
 def test_bad_params_fail_with_the_key_named(smoke_repo, tmp_path):
     bad = yaml.safe_load((smoke_repo / "params.yaml").read_text())
     bad["curate"]["splits"]["eval"] = 0.5
@@ -183,7 +182,6 @@ def test_bad_params_fail_with_the_key_named(smoke_repo, tmp_path):
     assert pl.read_parquet(smoke_repo / "data/tasks.parquet").height > 0
 
 
-@pytest.mark.slow
 def test_distill_outputs_reconcile_and_parse(smoke_repo):
     from coa.format import check_transitions, parse
 
@@ -207,7 +205,6 @@ def test_distill_outputs_reconcile_and_parse(smoke_repo):
     assert len(lines) == kept.height
 
 
-@pytest.mark.slow
 def test_sft_trains_and_registers_the_policy(smoke_repo):
     import mlflow
     from transformers import AutoModelForCausalLM
@@ -231,7 +228,6 @@ def torch_equal(a, b) -> bool:
     return torch.equal(a, b)
 
 
-@pytest.mark.slow
 def test_difficulty_covers_every_task_and_reconciles(smoke_repo):
     stats = read_table(smoke_repo / "data/difficulty.parquet", TaskStats)
     tasks = read_table(smoke_repo / "data/tasks.parquet", Task)
@@ -245,7 +241,6 @@ def test_difficulty_covers_every_task_and_reconciles(smoke_repo):
     assert m["kept"] + m["dropped"] == tasks.height and rejects.height == m["dropped"]
 
 
-@pytest.mark.slow
 def test_distill_resumes_after_an_interruption(smoke_repo, tmp_path):
     import signal
     import time
@@ -272,7 +267,6 @@ def test_distill_resumes_after_an_interruption(smoke_repo, tmp_path):
         assert (tmp_path / name).read_bytes() == (smoke_repo / "data" / name).read_bytes()
 
 
-@pytest.mark.slow
 def test_solve_filter_and_rl_reconcile_and_register(smoke_repo):
     import mlflow
 
@@ -297,7 +291,6 @@ def test_solve_filter_and_rl_reconcile_and_register(smoke_repo):
     assert mlflow.MlflowClient().search_model_versions("name='coa-policy'")
 
 
-@pytest.mark.slow
 def test_eval_scores_every_model_and_writes_metrics_and_plots(smoke_repo):
     from schemas import EvalRow
 
