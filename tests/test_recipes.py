@@ -57,8 +57,8 @@ def _stage_mentions(text: str) -> list[str]:
     return [s for i, s in enumerate(found) if i == 0 or s != found[i - 1]]
 
 
-def _bash_blocks(page: Path) -> list[str]:
-    return re.findall(r"```(?:bash|sh)\n(.*?)```", page.read_text(), flags=re.S)
+def _bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S)
 
 
 def test_the_dag_runs_solve_filter_between_sft_and_rl():
@@ -71,7 +71,7 @@ def test_a_hand_launched_rl_follows_solve_filter(page: Path):
     """A recipe (a bash block) that runs sft and then rl runs solve_filter between them (rl trains on
     data/rl_tasks.parquet, which solve_filter makes from the new models/sft); one stage's command alone is a
     reference, not a recipe."""
-    for block in _bash_blocks(page):
+    for block in _bash_blocks(page.read_text()):
         runs = _stage_mentions(block)
         if "sft" in runs and "rl" in runs[runs.index("sft"):]:
             between = runs[runs.index("sft"):runs.index("rl", runs.index("sft"))]
@@ -82,11 +82,8 @@ def test_the_paper_presets_launcher_recipe_keeps_the_dags_order():
     header = (ROOT / "configs/paper.yaml").read_text().split("\n\n")[0]
     assert _stage_mentions(header) == ["sft", "solve_filter", "rl"]
     gpu = (ROOT / "README.md").read_text().split("### Your GPUs")[1].split("###")[0]
-    assert "dvc repro" in _bash_blocks_text(gpu) and "not yet run on a gpu" in gpu.lower()
+    assert "dvc repro" in "\n".join(_bash_blocks(gpu)) and "not yet run on a gpu" in gpu.lower()
 
-
-def _bash_blocks_text(text: str) -> str:
-    return "\n".join(re.findall(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S))
 
 
 def test_the_order_checker_catches_rl_before_solve_filter():

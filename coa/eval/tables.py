@@ -100,7 +100,8 @@ def render(text: str, root: Path) -> str:
 
 def stale(root: Path) -> list[str]:
     """The pages (relative paths) whose marked blocks differ from what their metrics render."""
-    return [page for page in PAGES if render((root / page).read_text(), root) != (root / page).read_text()]
+    texts = {page: (root / page).read_text() for page in PAGES}
+    return [page for page, text in texts.items() if render(text, root) != text]
 
 
 def main(argv: list[str] | None = None) -> int:
