@@ -32,6 +32,50 @@ ADAPTER_KINDS = ("hotpotqa", "nq", "triviaqa", "2wiki", "musique", "popqa", "bam
 
 
 @dataclass(frozen=True)
+class CrawlConfig:
+    timeout_s: float = _help("Seconds per HTTP request (connect and each read).")
+    max_bytes: int = _help("A page's body is cut at this many bytes (the rest is never read).")
+    max_redirects: int = _help("Redirects followed per URL; each hop is checked against the URL policy.")
+    max_concurrency: int = _help("Pages fetched at once across the stage's threads.")
+    max_retries: int = _help("Retries (with backoff) on connection errors, timeouts, 429 and 5xx.")
+    robots_txt: Literal["obey", "ignore"] = _help("obey: a URL that the site's robots.txt disallows for "
+                                                  "user_agent is refused (observation says so).")
+    allow_hosts: list[str] = _help(
+        "URL policy: host names fetched even when they resolve to private, loopback, link-local or metadata "
+        "addresses (every other such address is refused, before and after redirects). [] for the open web.")
+    user_agent: str = _help("The User-Agent header (and the robots.txt agent).")
+
+    def __post_init__(self) -> None:
+        _require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        _require(self.max_bytes >= 1024, "max_bytes", "must be >= 1024")
+        _require(0 <= self.max_redirects <= 20, "max_redirects", "must be in [0, 20]")
+        _require(self.max_concurrency >= 1, "max_concurrency", "must be >= 1")
+        _require(self.max_retries >= 0, "max_retries", "must be >= 0")
+        _require(bool(self.user_agent.strip()), "user_agent", "must be non-empty")
+
+
+@dataclass(frozen=True)
+class SummariserConfig:
+    enabled: bool = _help("crawl_provider=http: summarise each fetched page against the agent's goal with an LLM "
+                          "(the paper's crawl tool); false = the extracted text, capped at page_chars.")
+    base_url: str = _help("The summariser's OpenAI-compatible endpoint.")
+    model: str = _help("The served model name.")
+    api_key_env: str = _help("The environment variable holding the API key (unset = no key).")
+    max_tokens: int = _help("Longest summary.")
+    input_chars: int = _help("The page text sent to the summariser is cut at this many characters.")
+    timeout_s: float = _help("Seconds per request.")
+    max_retries: int = _help("Transport retries per request (with backoff); then the observation says it failed.")
+    max_concurrency: int = _help("Requests in flight.")
+
+    def __post_init__(self) -> None:
+        _require(self.max_tokens >= 1, "max_tokens", "must be >= 1")
+        _require(self.input_chars >= 1, "input_chars", "must be >= 1")
+        _require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        _require(self.max_retries >= 0, "max_retries", "must be >= 0")
+        _require(self.max_concurrency >= 1, "max_concurrency", "must be >= 1")
+
+
+@dataclass(frozen=True)
 class ToolsConfig:
     search_provider: Literal["bm25", "http"] = _help(
         "bm25: the local index (data/index); http: a Serper-compatible search API (paper scale).")
@@ -46,8 +90,22 @@ class ToolsConfig:
         "Python sandbox policy. strict: refuse to start (one line, when the tools are built) where model-written "
         "code cannot run in namespaces (no network, private /tmp, the project hidden); permissive: fall back to "
         "rlimits only (network and files reachable) with a warning, as on macOS or a locked-down container.")
+    crawl_provider: Literal["index", "http"] = _help(
+        "index: crawl_page reads pages of the local corpus (data/index); http: it fetches each URL from the web "
+        "(the crawl section is its URL policy).")
+    web_cache: Literal["none", "record", "replay"] = _help(
+        "Every search answer, page and summary the web tools get: none (not kept); record (into data/web/<stage>, a DVC "
+        "output: dvc push shares it); replay (answer only from that store, never the network: a rerun is byte "
+        "for byte; a request it lacks is said in the observation and counted in the stage's metrics).")
+    crawl: CrawlConfig | None = _help("crawl_provider=http: the URL policy and limits of fetching.", default=None)
+    summariser: SummariserConfig | None = _help("The LLM that summarises fetched pages (crawl_provider=http).",
+                                                default=None)
 
     def __post_init__(self) -> None:
+        _require(self.crawl_provider == "index" or self.crawl is not None, "crawl",
+                 "crawl_provider: http needs its URL policy: add a common.tools.crawl section (timeout_s, max_bytes, "
+                 "max_redirects, max_concurrency, max_retries, robots_txt, allow_hosts, user_agent), as "
+                 "configs/paper.yaml does")
         for name in ("search_top_k", "snippet_chars", "page_chars", "max_observation_chars"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(0 < self.code_wall_time_s <= 600, "code_wall_time_s", "must be in (0, 600]")
