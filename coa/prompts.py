@@ -10,28 +10,24 @@ The system text names the tools of the domain and the format's rules; the user t
 from __future__ import annotations
 
 from coa.format import ALLOWED_TOOLS
+from coa.tools import BY_TAG, CODE
 
-_TOOLS = {
-    "web_search": "<web_search>query</web_search> searches the web; results come back in <observation>.",
-    "crawl_page": "<crawl_page>url | url</crawl_page> reads pages; their text comes back in <observation>.",
-    "code": "<code>```python ...```</code> runs a Python program; its output comes back in <observation>.",
-}
 _FLOW = {
     "web": ("Start with <plan>. Think in <think>, call tools, and grade your progress in <reflection> "
             "(information conflict, tool effectiveness, trajectory monitoring: good, average or poor; any poor "
             "means a new <plan>). Propose <suggested_answer>, check it in <double_check> with score: 1-4 "
             "(3 or more: give <answer>; 2 or less: re-plan)."),
-    "math": ("Start with <plan>, then repeat <think>, <code>, <observation>, <reflection>; finish with <think> "
-             "and <answer> holding \\boxed{the number}."),
-    "code": ("Start with <plan>, then repeat <think>, <code>, <observation>, <reflection>; finish with <think> "
-             "and <answer> holding the complete function in a ```python fence."),
+    "math": (f"Start with <plan>, then repeat <think>, <{CODE.tag}>, <observation>, <reflection>; finish with "
+             "<think> and <answer> holding \\boxed{the number}."),
+    "code": (f"Start with <plan>, then repeat <think>, <{CODE.tag}>, <observation>, <reflection>; finish with "
+             "<think> and <answer> holding the complete function in a ```python fence."),
 }
 
 
 def system_prompt(domain: str) -> str:
     if domain not in _FLOW:
         raise ValueError(f"unknown domain {domain!r}; expected one of {sorted(_FLOW)}")
-    tools = "\n".join(f"- {_TOOLS[t]}" for t in ALLOWED_TOOLS[domain])
+    tools = "\n".join(f"- {BY_TAG[t].usage}" for t in ALLOWED_TOOLS[domain])
     return f"You are an agent that solves tasks step by step with tools.\nTools:\n{tools}\n{_FLOW[domain]}"
 
 
@@ -43,3 +39,15 @@ def build_messages(question: str, domain: str) -> list[dict[str, str]]:
 def render_prompt(tokenizer, question: str, domain: str) -> str:
     """The prompt as text the policy continues: the tokenizer's chat template with the assistant header."""
     return tokenizer.apply_chat_template(build_messages(question, domain), tokenize=False, add_generation_prompt=True)
+
+
+_SUMMARISER = ("You read a web page for an agent working on a goal. Write down, concisely and faithfully, every "
+               "fact on the page that helps with the goal (names, numbers, dates, quotes, links to follow), and "
+               "nothing else. Do not answer the goal from your own knowledge. If the page holds nothing relevant, "
+               "say so in one sentence and say what the page is about.")
+
+
+def summariser_messages(goal: str, url: str, title: str, text: str) -> list[dict[str, str]]:
+    """The crawl tool's page summariser (coa.tools.fetch.Summariser): the page, condensed against the goal."""
+    page = f"Goal: {goal}\n\nPage: {title} ({url})\n\n{text}" if title else f"Goal: {goal}\n\nPage: {url}\n\n{text}"
+    return [{"role": "system", "content": _SUMMARISER}, {"role": "user", "content": page}]

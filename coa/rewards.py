@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from coa.format import FormatError, check_transitions, code_source, parse
+from coa.tools import TOOL_TAGS
 from coa.tools.sandbox import SandboxLimits, run_python
 
 __all__ = ["LLMJudge", "Reward", "RewardSpec", "check", "check_code", "check_math", "check_web", "f1", "format_ok",
@@ -130,7 +131,7 @@ class LLMJudge:
     """Binary semantic equivalence of a prediction and the gold aliases, by an LLM.
 
     client: anything with ``complete(messages) -> reply`` where ``reply.text`` is the answer (e.g.
-    coa.teacher.chat.ChatClient, which retries transport errors itself); a reply that is not the JSON
+    coa.chat.ChatClient, which retries transport errors itself); a reply that is not the JSON
     asked for is asked again up to ``max_attempts`` times, then the verdict is False (reward 0).
     ``rationales`` keeps the last rationale of each (question, prediction) judged.
     """
@@ -205,7 +206,7 @@ def repeated_tool_calls(text: str) -> int:
     seen: set[tuple[str, str]] = set()
     repeats = 0
     for step in steps:
-        if step.tag in ("web_search", "crawl_page", "code"):
+        if step.tag in TOOL_TAGS:
             key = (step.tag, " ".join(step.content.split()))
             repeats += key in seen
             seen.add(key)

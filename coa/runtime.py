@@ -7,7 +7,7 @@
     limits = agent_limits(params.common.agent)                     # coa.rollout.types.Limits
 
 One floor above coa.config (which knows nothing of rollouts) and the parts it builds (coa.rollout,
-coa.rewards, coa.tools, coa.teacher.chat); the stages and `coa solve` call it.
+coa.rewards, coa.tools, coa.chat); the stages and `coa solve` call it.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def judge_from(cfg: JudgeConfig) -> Any:
     """The LLM judge of web answers from `common.judge` (coa.rewards.LLMJudge), or None when disabled."""
     if not cfg.enabled:
         return None
+    from coa.chat import ChatClient
     from coa.rewards import LLMJudge
-    from coa.teacher.chat import ChatClient
 
     client = ChatClient(cfg.base_url, cfg.model, cfg.api_key_env, timeout_s=cfg.timeout_s,
                         max_retries=cfg.max_retries, max_concurrency=cfg.max_concurrency, temperature=0.0,
@@ -115,11 +115,13 @@ def judge_from(cfg: JudgeConfig) -> Any:
     return LLMJudge(client, max_attempts=cfg.max_attempts)
 
 
-def tools_factory(cfg: ToolsConfig, index_dir: str) -> Any:
-    """``tools(request)`` for rollouts: a fresh ToolSession per trajectory over `common.tools` (cfg)."""
+def tools_factory(cfg: ToolsConfig, index_dir: str, store: Any = None) -> Any:
+    """``tools(request)`` for rollouts: a fresh ToolSession per trajectory over `common.tools` (cfg), its goal
+    the request's question; `store` the stage's web_cache (web_store)."""
     from coa.tools import ToolSession, build_tools
 
-    tools = build_tools(cfg, index_dir=index_dir)
+    tools = build_tools(cfg, index_dir=index_dir, store=store)
     cap = cfg.max_observation_chars
-    return lambda _request: ToolSession(tools, cap)
+    return lambda request: ToolSession(tools, cap, goal=request.question)
+
 

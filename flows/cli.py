@@ -26,9 +26,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coa.tools import TOOL_TAGS
+
 STYLES = {"plan": "bold cyan", "think": "dim", "reflection": "magenta", "double_check": "magenta",
-          "suggested_answer": "yellow", "answer": "bold green", "web_search": "bold blue", "crawl_page": "bold blue",
-          "code": "bold blue", "observation": "grey50"}
+          "suggested_answer": "yellow", "answer": "bold green", "observation": "grey50",
+          **dict.fromkeys(TOOL_TAGS, "bold blue")}
 _OPEN = re.compile(r"<(/?)([a-z_]+)>")
 
 
@@ -94,7 +96,7 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
             out.print(text[len(shown):], style=_style(shown), end="", markup=False, highlight=False)
             shown = text
 
-    request = Request("solve", render_prompt(tok, question, domain), domain)
+    request = Request("solve", render_prompt(tok, question, domain), domain, question)
     [rollout] = HFEngine(model, tok, max_batch=1).rollout(
         [request], Sampling(temperature=temperature, seed=seed), agent_limits(params.common.agent),
         lambda _r: ToolSession(tools, params.common.tools.max_observation_chars), on_token=show)

@@ -44,10 +44,10 @@ class Task(pa.DataFrameModel):
 
 
 class Document(pa.DataFrameModel):
-    """`data/corpus.parquet`: the pages that web_search indexes and crawl_page fetches."""
+    """`data/corpus.parquet`: the pages that the search tool indexes and the crawl tool reads."""
 
     doc_id: str = pa.Field(unique=True, description="Stable unique id")
-    url: str = pa.Field(unique=True, str_startswith="http", description="What crawl_page takes")
+    url: str = pa.Field(unique=True, str_startswith="http", description="What the crawl tool takes")
     title: str = pa.Field(str_length={"min_value": 1}, description="Shown in search results")
     text: str = pa.Field(str_length={"min_value": 1}, description="The page body")
 

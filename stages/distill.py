@@ -46,6 +46,7 @@ from coa.io import (
 from coa.prompts import render_prompt
 from coa.teacher.run import TeacherOutage, distill_tasks, make_teacher
 from coa.teacher.trajectory import jsonl, llamafactory_dataset_info, llamafactory_records, sharegpt_records
+from coa.tools.webcache import close_store, stage_store
 from schemas import TRAJECTORY_DTYPES, TRANSCRIPT_DTYPES, Task, TaskStats, Trajectory
 from schemas import Transcript as TranscriptSchema
 from stages._stage import Stage
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
                                         "cache": "resume cache folder"},
                outputs={"transcripts": "transcripts (parquet)", "trajectories": "trajectories (parquet)",
                         "heldout": "trajectories of distill.heldout_tasks eval tasks per domain, never trained on",
-                        "rejects": "rejects (parquet)", "export": "exports folder", "metrics": "figures (JSON)"}) as st:
+                        "rejects": "rejects (parquet)", "export": "exports folder", "metrics": "figures (JSON)",
+                        "web": "web_cache store (folder)"}) as st:
         cfg, seed = st.params.distill, st.params.common.seed
         kept = read_table(st.args.difficulty, TaskStats).filter(pl.col("kept")).select("task_id")
         every = read_table(st.args.tasks, Task).sort("task_id")
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
         too_easy -= tasks.height
         cap = {d: n or tasks.height for d, n in cfg.max_tasks.items()}  # the first n of each domain (0 = all)
         tasks = tasks.filter(pl.int_range(pl.len()).over("domain") < pl.col("domain").replace_strict(cap, default=0))
-        teacher = make_teacher(cfg, st.params.common.tools, st.args.index)
+        store = stage_store(st.params.common.tools.web_cache, st.args.web)
+        teacher = make_teacher(cfg, st.params.common.tools, st.args.index, store)
         tok = AutoTokenizer.from_pretrained(model_folder(st.args.base, tokenizer_only=True), local_files_only=True)
         count = token_counter(tok)  # never the Hub
 
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
         (export / "sharegpt.jsonl").write_text(jsonl(sharegpt_records(result.kept)))
         (export / "llamafactory" / "coa_sft.jsonl").write_text(jsonl(llamafactory_records(result.kept)))
         write_json(export / "llamafactory" / "dataset_info.json", llamafactory_dataset_info("coa_sft.jsonl"))
-        st.finish({**result.metrics(), "skipped_too_easy": too_easy, "heldout_kept": len(held.kept)})
+        st.finish({**result.metrics(), "skipped_too_easy": too_easy, "heldout_kept": len(held.kept),
+                   "web": close_store(store)})
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from coa.model import load_tokenizer
 from coa.runtime import agent_limits, close_engine, engine_dtype, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
 from coa.teacher.run import TeacherOutage, make_teacher, teacher_rows
+from coa.tools.webcache import close_store, stage_store
 from schemas import EVAL_DTYPES, EvalRow, Task
 from stages._stage import Stage
 
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     with Stage("eval", argv, inputs=inputs, sections=("distill",),
                outputs={"rows": "one row per attempt (parquet)", "metrics": "figures per model (JSON)",
                         "plots": "plots folder (JSON rows)",
-                        "headline": "folder: one small JSON per model (dvc metrics show)"}) as st:
+                        "headline": "folder: one small JSON per model (dvc metrics show)",
+                        "web": "web_cache store (folder)"}) as st:
         cfg, seed = st.params.eval, st.params.common.seed
         tok = load_tokenizer(st.args.base)  # counts every model's tokens, the teacher's too
         st.compute = compute_facts(engine_dtype(cfg.engine))
@@ -82,11 +84,12 @@ def main(argv: list[str] | None = None) -> None:
         log.info("eval: %s, k=%d", ", ".join(f"{len(v)} {g} tasks" for g, v in sets.items()), cfg.k)
         rows, timings, throughput = [], {}, {}  # attempt rows of every model; each model's wall time and rollout rate
         models = [(name, getattr(st.args, name)) for name in POLICIES] + ([("teacher", None)] if cfg.teacher else [])
-        sessions, judge = tools_factory(st.params.common.tools, st.args.index), judge_from(st.params.common.judge)  # once
+        store = stage_store(st.params.common.tools.web_cache, st.args.web)
+        sessions, judge = tools_factory(st.params.common.tools, st.args.index, store), judge_from(st.params.common.judge)
         for name, path in sorted(models, key=lambda m: m[0] != "teacher"):  # the teacher first: an outage fails fast
             start = time.perf_counter()
             engine = engine_from(cfg.engine, path) if path else None  # one engine per model, every group
-            teacher = None if path else make_teacher(st.params.distill, st.params.common.tools, st.args.index)
+            teacher = None if path else make_teacher(st.params.distill, st.params.common.tools, st.args.index, store)
             for group, part in sets.items():
                 if name == "base" and group == "eval" and cfg.base_max_tasks:
                     keep = set(first_per_domain(pl.DataFrame({"task_id": [t["task_id"] for t in part],
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         pooled = [sum(r[key] for r in throughput.values()) for key in ("policy_tokens", "rollout_s")]
         metrics["policy_tokens_per_s"] = round(pooled[0] / pooled[1], 1) if pooled[1] else 0.0
         metrics["engine"] = throughput  # per model: decode steps per batch size (bench/rollout.py --stages)
+        metrics["web"] = close_store(store)
         if "sft" in throughput and "rl" in throughput:  # paired: the same tasks and samples
             metrics["rl_vs_sft"] = compare(rows, "rl", "sft", cfg.n_boot, seed)
             log.info("eval: rl - sft accuracy %+.4f [%+.4f, %+.4f] over %d tasks", metrics["rl_vs_sft"]["accuracy_diff"],

@@ -40,6 +40,7 @@ from coa.prompts import render_prompt
 from coa.rewards import RewardSpec
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, judge_from, tools_factory
+from coa.tools.webcache import close_store, stage_store
 from coa.train.dapo import heldout_kl, reference_model, reward_score, train_dapo
 from coa.train.dapo.engine import close_engine, rl_engine
 from coa.train.dapo.ranks import check_launch, zero_settings
@@ -58,12 +59,14 @@ def main(argv: list[str] | None = None) -> None:
     # the deepspeed launcher appends --local_rank=N unless given --no_local_rank; LOCAL_RANK is in the env
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
     st = Stage("rl", argv, inputs=inputs, outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
-                                                  "plots": "reward curve (JSON rows per step)"})
+                                                  "plots": "reward curve (JSON rows per step)",
+                                                  "web": "web_cache store (folder)"})
     main_rank = int(os.environ.get("RANK", "0")) == 0
     with st if main_rank else nullcontext(st):
         cfg, agent = st.params.rl, st.params.common.agent
         check_launch(cfg)  # one line for a launch that cannot work, before any model loads
-        tools = tools_factory(st.params.common.tools, st.args.index)  # a strict sandbox refuses here, as early
+        store = stage_store(st.params.common.tools.web_cache, st.args.web)  # every rank records (atomic writes)
+        tools = tools_factory(st.params.common.tools, st.args.index, store)  # a strict sandbox refuses here, as early
         seed = derive_seed(st.params.common.seed, "rl")
         tasks = read_table(st.args.tasks, Task).sort("task_id")
         kept = set(read_table(st.args.rl_tasks, TaskStats).filter(pl.col("kept"))["task_id"])
@@ -100,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
             if cfg.heldout_tasks else []
         kl = float("nan")
         if heldout:
-            requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"])
-                        for t in heldout]
+            requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"],
+                                t["question"]) for t in heldout]
             rollouts = engine.rollout(requests, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed),
                                       agent_limits(agent), tools)
             sft_model = load_pretrained(st.args.policy, next(result.model.parameters()).dtype)[0]
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         rate = engine.throughput()  # decode steps per batch size: bench/rollout.py --stages
         close_engine(engine)
         metrics = {**result.metrics(len(train), len(heldout), kl), "policy_tokens_per_s": rate["policy_tokens_per_s"],
-                   "engine": rate}
+                   "engine": rate, "web": close_store(store)}  # the main rank's requests
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
                  metrics["reward_first_fifth"], metrics["reward_last_fifth"], kl)
         # the content hash lets `coa promote` find the version that is the workspace's models/rl

@@ -29,6 +29,7 @@ from coa.filters.solve import decide, select, summary
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
 from coa.runtime import agent_limits, close_engine, engine_dtype, engine_from, judge_from, tools_factory
+from coa.tools.webcache import close_store, stage_store
 from schemas import TASK_STATS_DTYPES, Task, TaskStats, Trajectory
 from stages._stage import Stage
 
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
               "policy": "the SFT policy (HF folder)", "index": "search index folder"}
     with Stage("solve_filter", argv, inputs=inputs,
                outputs={"stats": "per-task pass rates of the SFT policy (parquet)",
-                        "rejects": "candidates left out or dropped (parquet)", "metrics": "figures (JSON)"}) as st:
+                        "rejects": "candidates left out or dropped (parquet)", "metrics": "figures (JSON)",
+                        "web": "web_cache store (folder)"}) as st:
         cfg = st.params.solve_filter
         tasks = read_table(st.args.tasks, Task).sort("task_id")
         kept_ids = set(read_table(st.args.difficulty, TaskStats).filter(pl.col("kept"))["task_id"])
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
                              "difficulty stage's output")
 
         left_out = len(rejects)
-        tools = tools_factory(st.params.common.tools, st.args.index)  # a strict sandbox refuses before the engine
+        store = stage_store(st.params.common.tools.web_cache, st.args.web)
+        tools = tools_factory(st.params.common.tools, st.args.index, store)  # a strict sandbox refuses before the engine
         engine = engine_from(cfg.engine, st.args.policy)
         st.compute = compute_facts(engine_dtype(cfg.engine))
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics = summary(len(candidates), table, left_out, n_rejected, result, sample_s, cfg.k)
         metrics["engine"] = engine.throughput()  # decode steps per batch size: bench/rollout.py --stages
         metrics["policy_tokens_per_s"] = metrics["engine"]["policy_tokens_per_s"]
+        metrics["web"] = close_store(store)
         assert table.height + left_out == len(candidates)  # every candidate is a row or a reject
         assert metrics["kept"] + n_rejected == len(candidates)
         log.info("solve_filter: %d of %d sampled RL tasks kept (%d solved k/k, %d solved 0/k); accuracy %.3f",

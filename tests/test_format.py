@@ -17,7 +17,6 @@ from coa.format import (
     Step,
     check_transitions,
     code_source,
-    crawl_urls,
     double_check_score,
     extract_answer,
     format_code,
@@ -244,6 +243,8 @@ def test_code_source(body, source):
 
 
 def test_small_helpers():
+    from coa.tools.crawl_page import crawl_urls
+
     assert crawl_urls(" a.com | |b.org|") == ["a.com", "b.org"]
     assert tag_sequence([Step("think", ""), Step("answer", "")]) == ["think", "answer"]
     assert format_code("x = 1") == "```python\nx = 1\n```"

@@ -154,8 +154,8 @@ def test_llm_judge_parses_verdicts_retries_and_fails_closed():
 
 
 def test_llm_judge_over_http(tmp_path):
+    from coa.chat import ChatClient
     from coa.rewards import LLMJudge
-    from coa.teacher.chat import ChatClient
     from tests.fakes.chat_server import ChatServer
 
     def respond(body):

@@ -118,12 +118,12 @@ def to_dict(cfg: Any) -> Any:
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists are indexed (sources.0.kind)."""
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists are indexed (sources.0.kind); an empty list is a value."""
     out: dict[str, Any] = {}
     if isinstance(data, dict):
         for k, v in data.items():
             out.update(flatten(v, f"{prefix}{k}."))
-    elif isinstance(data, list):
+    elif isinstance(data, list) and data:
         for i, v in enumerate(data):
             out.update(flatten(v, f"{prefix}{i}."))
     else:

@@ -171,6 +171,12 @@ class SourceConfig:
 
 
 @dataclass(frozen=True)
+class CorpusFileConfig:
+    path: str = _help("A document file (.jsonl, .json or .parquet with title, url and text per row, e.g. a "
+                      "Wikipedia slice), relative to curate.data_dir.")
+
+
+@dataclass(frozen=True)
 class CurateConfig:
     data_dir: str = _help("Folder holding input dataset files (a DVC dependency of curate).")
     sources: list[SourceConfig] = _help("Task sources, loaded in order; earlier wins on duplicates.")
@@ -180,6 +186,9 @@ class CurateConfig:
     decontaminate_ngram: int = _help(
         "Training tasks sharing this many consecutive words with an eval-split question of another "
         "source (a benchmark) are removed; 13 is the usual setting, 0 turns it off.")
+    corpus: list[CorpusFileConfig] = _help(
+        "Your own documents, merged into data/corpus.parquet beside the worlds' pages and the paragraphs the "
+        "dataset sources bring (coa.tasks.corpus); optional, default none.", default_factory=list)
 
     def __post_init__(self) -> None:
         _require(len(self.sources) > 0, "sources", "list at least one source, e.g. {kind: world:web, n: 100}")
@@ -204,6 +213,9 @@ class CurateConfig:
         _require(self.min_code_tests >= 1, "min_code_tests", "must be >= 1")
         _require(self.max_question_chars >= 16, "max_question_chars", "must be >= 16")
         _require(self.decontaminate_ngram >= 0, "decontaminate_ngram", "must be >= 0 (0 turns it off)")
+        for i, doc in enumerate(self.corpus):
+            _require(doc.path.lower().endswith((".jsonl", ".json", ".parquet")), f"corpus[{i}].path",
+                     f"a corpus file is .jsonl, .json or .parquet, got {doc.path!r}")
 
 
 @dataclass(frozen=True)

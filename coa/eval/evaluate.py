@@ -108,7 +108,7 @@ def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, samplin
     if len(set(ids)) != len(ids):
         raise ValueError("task_id values must be unique")
     requests = [Request(f"{t['task_id']}#{i}", render_prompt(engine.tokenizer, t["question"], t["domain"]),
-                        t["domain"]) for t in tasks for i in range(k)]
+                        t["domain"], t["question"]) for t in tasks for i in range(k)]
     rollouts = engine.rollout(requests, sampling, limits, tools_factory)
     pairs = [(task, i) for task in tasks for i in range(k)]
     if len(rollouts) != len(pairs):

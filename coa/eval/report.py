@@ -22,7 +22,8 @@ from coa.eval.metrics import paired_difference
 
 def task_slices(tasks: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
     """Each task's slices of the eval breakdown, from its world meta: a web question's kind and hop count
-    (``web.kind.depth``, ``web.hops.3``), a math or code task's family (``math.family.modular``)."""
+    (``web.kind.depth``, ``web.hops.3``), a math or code task's family (``math.family.modular``); and a
+    dataset source's own slice (``source.hotpotqa``; the worlds' tasks have their domains)."""
     out = {}
     for task in tasks:
         meta = json.loads(task.get("meta") or "{}")
@@ -31,6 +32,8 @@ def task_slices(tasks: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
             labels += [f"web.{key}.{meta[key]}" for key in ("kind", "hops") if key in meta]
         elif "kind" in meta:
             labels.append(f"{domain}.family.{meta['kind']}")
+        if task.get("source") and not str(task["source"]).startswith("world:"):
+            labels.append(f"source.{task['source']}")
         out[task["task_id"]] = labels
     return out
 

@@ -93,11 +93,13 @@ class Limits:
 @dataclass(frozen=True)
 class Request:
     """One trajectory to roll out: a unique key (e.g. ``f"{task_id}#{sample}"``), the rendered prompt
-    text (``coa.prompts.render_prompt``) and the task's domain (for the tools factory and the caller)."""
+    text (``coa.prompts.render_prompt``), the task's domain and question (the tools' goal: a page summariser
+    condenses pages against it)."""
 
     key: str
     prompt: str
     domain: str = "web"
+    question: str = ""
 
 
 @dataclass

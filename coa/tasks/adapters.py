@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,16 @@ import polars as pl
 from coa.config import ADAPTER_KINDS
 from coa.io import validate
 from coa.tasks import fields
-from coa.tasks.layouts import _FLASHRAG, _FLASHRAG_KINDS, _LAYOUTS, _generic, _Layout, _text, _Unusable
+from coa.tasks.layouts import (
+    _FLASHRAG,
+    _FLASHRAG_KINDS,
+    _LAYOUTS,
+    DOCUMENT_KINDS,
+    _generic,
+    _Layout,
+    _text,
+    _Unusable,
+)
 from schemas.artifacts import SPLITS, TASK_DTYPES, Task
 
 
@@ -83,12 +93,15 @@ def _missing(record: dict, required: tuple[tuple[str, ...], ...]) -> list[str]:
     return [" or ".join(names) for names in required if not any(n in record for n in names)]
 
 
-def read_source(kind: str, path: str | Path, *, question_field: str = "question",
-                answer_field: str = "answer") -> tuple[list[dict], list[tuple[dict, str]]]:
+def read_source(kind: str, path: str | Path, *, question_field: str = "question", answer_field: str = "answer",
+                documents: Callable[[list[tuple[str, str]], str], None] | None = None,
+                ) -> tuple[list[dict], list[tuple[dict, str]]]:
     """Read one dataset file as (Task rows with split "", [(record, reason), ...] for unusable records).
 
-    Raises ValueError for an unknown kind or a file that does not fit the kind's layout, and
-    FileNotFoundError for a missing file.
+    ``documents(paragraphs, where)`` (coa.tasks.corpus.Corpus.source) receives each kept row's paragraphs,
+    [(title, text), ...], when the kind's layout carries them (``layouts.DOCUMENT_KINDS``); ``where`` is
+    "<file> record <i>". Raises ValueError for an unknown kind or a file that does not fit the kind's
+    layout, and FileNotFoundError for a missing file.
     """
     if kind not in ADAPTER_KINDS:
         raise ValueError(f"unknown dataset kind {kind!r}; allowed: {', '.join(ADAPTER_KINDS)}")
@@ -117,20 +130,23 @@ def read_source(kind: str, path: str | Path, *, question_field: str = "question"
     seen: dict[str, int] = {}
     for index, record in enumerate(records):
         try:
-            row = _convert(kind, layout, types, index, record, {**file_meta, "file": path.name})
+            row, pages = _convert(kind, layout, types, index, record, {**file_meta, "file": path.name})
             if row["task_id"] in seen:
                 raise _Unusable(f"duplicate id: task_id {row['task_id']!r} is already used by record "
                                 f"{seen[row['task_id']]}")
             seen[row["task_id"]] = index
             rows.append(row)
+            if documents is not None and kind in DOCUMENT_KINDS:
+                documents(pages, f"{path.name} record {index}")
         except _Unusable as exc:
             payload = record if isinstance(record, dict) else {"value": record}
             rejects.append((payload, f"{path.name} record {index}: {exc}"))
     return rows, rejects
 
 
-def _convert(kind: str, layout: _Layout, types: dict[str, str], index: int, record: Any, file_meta: dict) -> dict:
-    """One record -> one Task row (split ""), or `_Unusable`."""
+def _convert(kind: str, layout: _Layout, types: dict[str, str], index: int, record: Any,
+             file_meta: dict) -> tuple[dict, list[tuple[str, str]]]:
+    """One record -> (one Task row (split ""), its paragraphs), or `_Unusable`."""
     if isinstance(record, _BadRecord):
         raise _Unusable(f"{record['where']} is {record['error']}")
     if not isinstance(record, dict):
@@ -162,7 +178,8 @@ def _convert(kind: str, layout: _Layout, types: dict[str, str], index: int, reco
     meta = {k: v for k, v in {**parsed.get("meta", {}), **file_meta}.items() if v not in (None, "", [])}
     return {"task_id": f"{kind}-{ident}" if ident else f"{kind}-{index:06d}", "domain": domain,
             "question": question, "answers": answers, "tests": tests, "source": kind, "split": "",
-            "meta": json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)}
+            "meta": json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str),
+            }, parsed.get("paragraphs") or []
 
 
 def load_source(kind: str, path: str | Path, split: str = "eval", **fields: str) -> pl.DataFrame:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,8 +104,13 @@ def curate(
     min_code_tests: int,
     max_question_chars: int,
     decontaminate_ngram: int = 13,
+    documents: Sequence[dict[str, Any]] = (),
+    document_rejects: Sequence[tuple[dict[str, Any], str]] = (),
 ) -> Curated:
     """Merge sources into one curated task table and corpus.
+
+    `documents` and `document_rejects` are the pages beyond the sources' own (coa.tasks.corpus: dataset
+    paragraphs, curate.corpus files) and the rows that could not be pages; both count in `documents/*`.
 
     Rows without a split get `hash_split`; the first occurrence of a question wins, so no question
     lands in two splits. Training (sft/rl) rows sharing a `decontaminate_ngram`-word sequence with an
@@ -164,6 +170,10 @@ def curate(
         counts[f"split/{t['split']}"] += 1
         counts[f"domain_split/{t['domain']}/{t['split']}"] += 1
 
+    counts["documents/in"] += len(documents) + len(document_rejects)
+    counts["documents/rejected"] += len(document_rejects)
+    out.documents.extend(documents)
+    out.rejects.extend(document_rejects)
     urls = Counter(d["url"] for d in out.documents)
     ids = Counter(d["doc_id"] for d in out.documents)
     kept_docs = []

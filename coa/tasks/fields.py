@@ -27,6 +27,7 @@ LIST = "list"  # a JSON array / parquet list
 TEXT_LIST = "list of text"  # a JSON array of strings
 TEXT_OR_LIST = "text or list"  # a JSON string of a list, or the list itself
 TEXT_OR_OBJECT = "text or object"  # a JSON string of an object, or the object itself
+LIST_OR_OBJECT = "list or object"  # a JSON array, or an object (Hugging Face's columnar form of one)
 CHAT = "chat"  # a string, or a list of {role, content} messages with string content (or its JSON string)
 BOOL = "bool"
 
@@ -85,6 +86,7 @@ _CHECKS = {
     TEXT_LIST: lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
     TEXT_OR_LIST: lambda v: isinstance(v, (str, list, tuple)),
     TEXT_OR_OBJECT: lambda v: isinstance(v, (str, dict)),
+    LIST_OR_OBJECT: lambda v: isinstance(v, (list, tuple, dict)),
     CHAT: _chat,
     BOOL: lambda v: isinstance(v, bool),
 }
@@ -157,7 +159,8 @@ def ground_truth_aliases(value: Any, name: str = "reward_model.ground_truth") ->
 # The fields an adapter reads into a task's id, question, answers, tests or domain (keys lower-cased
 # where the layout matches names case-insensitively: bamboogle, aime). Fields only copied into `meta`
 # are not checked: meta is JSON of whatever the file holds.
-_MULTIHOP = {"_id": ID, "question": TEXT, "answer": GOLD, "supporting_facts": LIST, "evidences": LIST}
+_MULTIHOP = {"_id": ID, "id": ID, "question": TEXT, "answer": GOLD, "supporting_facts": LIST_OR_OBJECT,
+             "evidences": LIST, "context": LIST_OR_OBJECT}
 LAYOUT_TYPES: dict[str, dict[str, str]] = {
     "hotpotqa": _MULTIHOP,
     "2wiki": _MULTIHOP,
@@ -165,7 +168,7 @@ LAYOUT_TYPES: dict[str, dict[str, str]] = {
     "bamboogle": {"id": ID, "question": TEXT, "answer": GOLD},
     "triviaqa": {"QuestionId": ID, "question_id": ID, "Question": TEXT, "question": TEXT},
     "musique": {"id": ID, "question": TEXT, "answer": GOLD, "answer_aliases": GOLD, "answerable": BOOL,
-                "question_decomposition": LIST},
+                "question_decomposition": LIST, "paragraphs": LIST},
     "popqa": {"id": ID, "question": TEXT, "possible_answers": GOLD},
     "gaia": {"task_id": ID, "Question": TEXT, "Final answer": INT_OR_TEXT, "file_name": TEXT},
     "gsm8k": {"question": TEXT, "answer": TEXT},

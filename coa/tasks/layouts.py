@@ -7,6 +7,12 @@
 record into a reject with the reason). Here too: gold-answer flattening (`gold_aliases`), `\\boxed{}`
 answers (`boxed_answer`) and the encoding of code tests.
 
+The layouts of `DOCUMENT_KINDS` also bring each question's paragraphs (`draft["paragraphs"]`, (title, text)
+pairs): HotpotQA's and 2WikiMultihopQA's `context` (`[[title, [sentence, ...]], ...]`, or Hugging Face's
+columnar `{title: [...], sentences: [[...], ...]}`), MuSiQue's `paragraphs` (`[{idx, title, paragraph_text,
+is_supporting}, ...]`), and a FlashRAG file's `metadata.context` / `metadata.paragraphs` in those forms;
+`coa.tasks.corpus` makes them pages of the corpus. The other layouts carry questions only.
+
 Code tests (livecodebench, code-like afm_rl rows) are Python statements the reward checker runs
 after the candidate's code, one per test:
 
@@ -37,6 +43,7 @@ from coa.tasks import fields
 from schemas.artifacts import DOMAINS
 
 NO_REFERENCE = "<no reference solution>"
+DOCUMENT_KINDS = ("hotpotqa", "2wiki", "musique")  # layouts whose records carry their paragraphs
 _MATH_WORDS = ("math", "aime", "dapo", "gsm")
 _CODE_WORDS = ("code", "livecodebench", "codecontests")
 _MAX_DECOMPRESSED = 512 * 2**20  # bytes; a bigger private-tests blob is not decoded
@@ -165,19 +172,62 @@ def _decode_private(blob: Any) -> list | None:
     return decoded if isinstance(decoded, list) else None
 
 
+def _sentences(parts: list[str]) -> str:
+    """HotpotQA's sentences keep their leading space (" He lives in ..."), 2Wiki's do not: join them either way."""
+    out = ""
+    for part in parts:
+        out += part if not out or out[-1:].isspace() or part[:1].isspace() else " " + part
+    return out.strip()
+
+
+def paragraphs(value: Any, name: str) -> list[tuple[str, str]]:
+    """A record's paragraphs as (title, text) pairs (the forms in the module docstring); [] for None.
+    A value of the wrong shape raises `fields.FieldTypeError` naming where; an empty title or text is kept
+    (the corpus rejects that page, not the question)."""
+    if value is None:
+        return []
+    if isinstance(value, dict):  # Hugging Face's columns
+        titles = fields.require(value.get("title"), fields.TEXT_LIST, f"{name}.title") or []
+        bodies = fields.require(value.get("sentences"), fields.LIST, f"{name}.sentences") or []
+        if len(titles) != len(bodies):
+            raise fields.FieldTypeError(f"field {name!r} has {len(titles)} titles but {len(bodies)} sentence lists")
+        pairs = list(zip(titles, bodies, strict=True))
+    else:
+        pairs = []
+        for i, item in enumerate(value):
+            if isinstance(item, dict):  # MuSiQue
+                pairs.append((item.get("title"), fields.require(item.get("paragraph_text"), fields.TEXT,
+                                                                f"{name}[{i}].paragraph_text") or ""))
+            elif isinstance(item, (list, tuple)) and len(item) == 2:
+                pairs.append(tuple(item))
+            else:
+                raise fields.FieldTypeError(f"field '{name}[{i}]' is not a [title, sentences] pair")
+    out = []
+    for i, (title, body) in enumerate(pairs):
+        fields.require(title, fields.TEXT, f"{name}[{i}].title")
+        if not isinstance(body, str):
+            body = _sentences(fields.require(body, fields.TEXT_LIST, f"{name}[{i}].sentences") or [])
+        out.append(((title or "").strip(), body.strip()))
+    return out
+
+
 # ------------------------------------------------------------------------------- per-dataset records
-# Each converter maps one record to {id, question, answers, meta[, tests, domain]}; ids may be None.
+# Each converter maps one record to {id, question, answers, meta[, tests, domain, paragraphs]}; ids may be None.
 def _plain(r: dict) -> dict:
     """NQ-open (`question`, `answer` list) and Bamboogle (`Question`, `Answer`, keys lower-cased)."""
     return {"id": r.get("id"), "question": r["question"], "answers": gold_aliases(r["answer"]), "meta": {}}
 
 
 def _multihop(r: dict) -> dict:
-    """HotpotQA and 2WikiMultihopQA: `_id`, `question`, `answer`, `type`, `supporting_facts`, ..."""
-    titles = list(dict.fromkeys(str(f[0]) for f in r.get("supporting_facts") or [] if isinstance(f, list) and f))
+    """HotpotQA and 2WikiMultihopQA: `_id` (Hugging Face: `id`), `question`, `answer`, `type`, `supporting_facts`
+    ([[title, sentence index], ...] or {title: [...], sent_id: [...]}), `context`, ..."""
+    facts = r.get("supporting_facts") or []
+    named = facts.get("title") or [] if isinstance(facts, dict) else [f[0] for f in facts if isinstance(f, list) and f]
     evidences = r.get("evidences") or []  # 2Wiki: (subject, relation, object) triples, one per hop
-    return {"id": r.get("_id"), "question": r["question"], "answers": gold_aliases(r["answer"]),
-            "meta": {"type": r.get("type"), "level": r.get("level"), "supporting_titles": titles,
+    return {"id": r["_id"] if r.get("_id") is not None else r.get("id"), "question": r["question"],
+            "answers": gold_aliases(r["answer"]), "paragraphs": paragraphs(r.get("context"), "context"),
+            "meta": {"type": r.get("type"), "level": r.get("level"),
+                     "supporting_titles": list(dict.fromkeys(str(t) for t in named)),
                      "evidences": evidences, "hops": len(evidences) or None}}
 
 
@@ -198,7 +248,8 @@ def _musique(r: dict) -> dict:
         raise _Unusable("MuSiQue marks the question unanswerable (answerable=false), so it has no gold answer")
     steps = r.get("question_decomposition") or []
     return {"id": r.get("id"), "question": r["question"],
-            "answers": gold_aliases([r["answer"], r.get("answer_aliases")]), "meta": {"hops": len(steps) or None}}
+            "answers": gold_aliases([r["answer"], r.get("answer_aliases")]),
+            "paragraphs": paragraphs(r.get("paragraphs"), "paragraphs"), "meta": {"hops": len(steps) or None}}
 
 
 def _popqa(r: dict) -> dict:
@@ -319,8 +370,9 @@ def _flashrag(r: dict) -> dict:
     """FlashRAG's shared layout for its QA benchmarks: id, question, golden_answers, metadata."""
     extra = r.get("metadata") if isinstance(r.get("metadata"), dict) else {}
     scalars = {k: v for k, v in extra.items() if isinstance(v, (str, int, float, bool))}
+    where = "context" if "context" in extra else "paragraphs"
     return {"id": r.get("id"), "question": r["question"], "answers": gold_aliases(r["golden_answers"]),
-            "meta": {"layout": "flashrag", **scalars}}
+            "paragraphs": paragraphs(extra.get(where), f"metadata.{where}"), "meta": {"layout": "flashrag", **scalars}}
 
 
 def _generic(r: dict, question_field: str, answer_field: str) -> dict:
@@ -344,10 +396,10 @@ class _Layout:
 
 
 _LAYOUTS = {
-    "hotpotqa": _Layout("web", (("_id",), ("question",), ("answer",)), _multihop),
+    "hotpotqa": _Layout("web", (("_id", "id"), ("question",), ("answer",)), _multihop),
     "nq": _Layout("web", (("question",), ("answer",)), _plain),
     "triviaqa": _Layout("web", (("Question", "question"), ("Answer", "answer")), _triviaqa),
-    "2wiki": _Layout("web", (("_id",), ("question",), ("answer",)), _multihop),
+    "2wiki": _Layout("web", (("_id", "id"), ("question",), ("answer",)), _multihop),
     "musique": _Layout("web", (("id",), ("question",), ("answer",)), _musique),
     "popqa": _Layout("web", (("question",), ("possible_answers",)), _popqa),
     "bamboogle": _Layout("web", (("question",), ("answer",)), _plain, lower_keys=True),

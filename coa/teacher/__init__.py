@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from coa.chat import ChatClient
 from coa.format import TOOL_TAGS
-from coa.teacher.chat import ChatClient
 from coa.teacher.offline.agents import OfflineStyle, offline_team
 from coa.teacher.orchestrator import Agent, AgentReply, Team, TeamLimits, run_team
 from coa.teacher.transcript import AGENTS, Call, Message, Transcript

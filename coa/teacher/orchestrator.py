@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from coa.chat import ChatError
 from coa.format import TOOL_TAGS, double_check_score, reflection_grades
-from coa.teacher.chat import ChatError
 from coa.teacher.roles import SYSTEM, result_fields
 from coa.teacher.transcript import AGENTS, Call, Message, Transcript, split_parts
 from coa.tools import ToolSession

@@ -8,6 +8,7 @@ offline agents write exactly the same text, so one orchestrator serves both back
 from __future__ import annotations
 
 from coa.format import REFLECTION_CRITERIA
+from coa.tools import CODE, CRAWL, SEARCH
 
 _CRITERIA = ", ".join(c.replace("_", " ") for c in REFLECTION_CRITERIA)
 
@@ -18,12 +19,12 @@ SYSTEM: dict[str, str] = {
         "When asked to re-plan, say what went wrong and plan a different route."),
     "searcher": (
         "You are the search agent. Carry out the plan with the tools. Each turn write your reasoning in "
-        "<think>...</think>, then exactly one tool call: <web_search>query</web_search> or "
-        "<crawl_page>url | url</crawl_page>; you will receive the observation. When done, write "
+        f"<think>...</think>, then exactly one tool call: {SEARCH.call(SEARCH.body)} or "
+        f"{CRAWL.call(CRAWL.body)}; you will receive the observation. When done, write "
         "<think>...</think> and then <result>answer: ...\nevidence: ...\nconflicts: ...</result>."),
     "coder": (
         "You are the code agent. Solve the task by writing and running Python. Each turn write your "
-        "reasoning in <think>...</think>, then a program in <code>```python ...```</code>; you will receive "
+        f"reasoning in <think>...</think>, then a program in {CODE.call(CODE.body)}; you will receive "
         "its output and the critic's reflection. When done, write <think>...</think> and "
         "<result>answer: ...</result> (for coding tasks the answer is the complete function)."),
     "critic": (

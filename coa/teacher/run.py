@@ -65,9 +65,10 @@ class Teacher:
     limits: TeamLimits
 
 
-def make_teacher(cfg: DistillConfig, tools_cfg: ToolsConfig, index_dir: str | None) -> Teacher:
-    """The teacher of `distill.teacher`/`offline`/`limits` with the tools of `common.tools`."""
-    return Teacher(team_factory(cfg.teacher, cfg.offline), build_tools(tools_cfg, index_dir=index_dir),
+def make_teacher(cfg: DistillConfig, tools_cfg: ToolsConfig, index_dir: str | None, store: Any = None) -> Teacher:
+    """The teacher of `distill.teacher`/`offline`/`limits` with the tools of `common.tools` (`store`: the
+    web_cache's, coa.runtime.web_store)."""
+    return Teacher(team_factory(cfg.teacher, cfg.offline), build_tools(tools_cfg, index_dir=index_dir, store=store),
                    tools_cfg.max_observation_chars, TeamLimits(**to_dict(cfg.limits)))
 
 
@@ -75,8 +76,8 @@ def teacher_attempt(teacher: Teacher, task: dict[str, Any], seed: int, judge: An
     """One run of a fresh team (seeded by ``seed``) on ``task``: (transcript, whether the answer is correct)."""
     rng = random.Random(seed)
     team = teacher.factory(task["domain"], rng)
-    t = run_team(task["question"], task["domain"], team, ToolSession(teacher.tools, teacher.max_observation_chars),
-                 teacher.limits)
+    session = ToolSession(teacher.tools, teacher.max_observation_chars, goal=task["question"])
+    t = run_team(task["question"], task["domain"], team, session, teacher.limits)
     return t, check(task["domain"], t.answer, task, judge)
 
 

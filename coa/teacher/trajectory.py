@@ -31,8 +31,9 @@ from coa.format import (
     tag_sequence,
 )
 from coa.teacher.transcript import AGENTS, Transcript
+from coa.tools import TOOL_TAGS
 
-FILTERS = ("correct", "min_tool_calls", "web_reflection", "malformed", "too_long")
+FILTERS = ("no_answer", "correct", "min_tool_calls", "web_reflection", "malformed", "too_long")
 
 
 def linearise(transcript: Transcript) -> str:
@@ -77,7 +78,7 @@ def shape(text: str, domain: str) -> Shape:
             later_plan = any(t == "plan" for t in tags[i + 1:])
             if earlier and later_plan and final is not None and final not in earlier:
                 changed = True
-    return Shape(sum(t in ("web_search", "crawl_page", "code") for t in tags), "reflection" in tags,
+    return Shape(sum(t in TOOL_TAGS for t in tags), "reflection" in tags,
                  self_corrected, changed, problems)
 
 
@@ -98,6 +99,8 @@ def filter_reason(row: Mapping[str, Any], problems: Iterable[str], filters: Filt
     ``n_tokens``: the trajectory's length as the student would hold it (chat prompt + trajectory + eos)."""
     problems = list(problems)
     if filters.require_correct and not row["correct"]:
+        if str(row["answer"] or "").strip().lower() in ("", "unknown"):  # nothing it found answers the question
+            return "no_answer", f"no final answer ({str(row['answer'])!r}): the verifier accepted nothing the team found"
         return "correct", f"the team's answer is wrong (answer: {str(row['answer'])[:80]!r})"
     minimum = filters.min_tool_calls.get(row["domain"], 0)
     if row["n_tool_calls"] < minimum:

@@ -2,110 +2,75 @@
 
     from coa.tools import build_tools, ToolSession
     tools = build_tools(params.common.tools, index_dir="data/index")
-    session = ToolSession(tools, max_chars=1536)          # one per trajectory
-    session("web_search", "founder of Orvane Labs")       # -> observation text
-    session("crawl_page", "https://wiki.coa.local/a | https://wiki.coa.local/b")
-    session("code", "```python\\nprint(6 * 7)\\n```")
+    session = ToolSession(tools, max_chars=1536, goal=question)   # one per trajectory
+    session(SEARCH.tag, "founder of Orvane Labs")                  # -> observation text
 
-A tool is any callable `str -> str`: the tag's content in, the observation text out; it never
-raises for bad input (that comes back as an observation). The dict's keys are the format's tool tags.
+Each tool is one module here holding its `SPEC` (coa.tools.spec.ToolSpec: tag, domains, prompt line,
+how it is built): web_search, crawl_page, code. `TOOLS` lists them; the format's grammar, the prompts,
+rewards, the teacher and the CLI read tags from it. Adding a tool: a module with its SPEC, an entry in
+TOOLS, a test (docs/design.md, "Adding a tool").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coa.format import code_source, crawl_urls
-from coa.format import truncate as cap
-from coa.tools.sandbox import SandboxLimits, SandboxUnavailable, check_policy, run_python
-from coa.tools.search import BM25Index, HttpSearch, format_results
+from coa.tools import code, crawl_page, web_search
+from coa.tools.spec import GOAL, Tool, ToolContext, ToolSpec
 
-Tool = Callable[[str], str]
-__all__ = ["SandboxUnavailable", "Tool", "ToolSession", "build_tools", "cap", "crawl_tool", "run_python",
-           "search_tool"]
+SEARCH, CRAWL, CODE = web_search.SPEC, crawl_page.SPEC, code.SPEC
+TOOLS: tuple[ToolSpec, ...] = (SEARCH, CRAWL, CODE)
+BY_TAG = {spec.tag: spec for spec in TOOLS}
+TOOL_TAGS = tuple(BY_TAG)
 
-
-def search_tool(engine: BM25Index | HttpSearch, top_k: int, snippet_chars: int) -> Tool:
-    def web_search(query: str) -> str:
-        query = " ".join(query.split())
-        if not query:
-            return "Error: empty search query. Write the query inside <web_search>...</web_search>."
-        try:
-            return format_results(query, engine.search(query, k=top_k, snippet_chars=snippet_chars))
-        except OSError as err:  # network trouble at paper scale: the agent sees it and may retry
-            return f"Error: search failed ({err})."
-
-    return web_search
+__all__ = ["BY_TAG", "CODE", "CRAWL", "SEARCH", "TOOLS", "TOOL_TAGS", "Tool", "ToolContext", "ToolSession",
+           "ToolSpec", "build_tools", "tools_of"]
 
 
-def crawl_tool(index: BM25Index, page_chars: int, summariser: Callable[[str, str, str], str] | None = None) -> Tool:
-    """Fetch pages by URL from the corpus; `summariser(url, title, text)` condenses each (an LLM at scale)."""
-    by_url = {url: i for i, url in enumerate(index.urls)}
-
-    def crawl_page(content: str) -> str:
-        urls = crawl_urls(content)
-        if not urls:
-            return "Error: no URL given. Write URLs inside <crawl_page>...</crawl_page>, separated by |."
-        parts = []
-        for url in urls:
-            i = by_url.get(url, by_url.get(url.rstrip("/")))
-            if i is None:
-                parts.append(f"## Page: {url}\nError: page not found.")
-                continue
-            title, text = index.titles[i], index.texts[i]
-            body = summariser(url, title, text) if summariser else text
-            parts.append(f"## Page: {title} ({url})\n{cap(body, page_chars)}")
-        return "\n\n".join(parts)
-
-    return crawl_page
+def tools_of(domain: str) -> tuple[str, ...]:
+    """The tags a domain's agents may call."""
+    return tuple(spec.tag for spec in TOOLS if domain in spec.domains)
 
 
-def code_tool(limits: SandboxLimits) -> Tool:
-    def code(content: str) -> str:
-        return run_python(code_source(content), limits=limits)
+def build_tools(cfg: Any, index_dir: str | Path | None = None, summariser: Any = None,
+                store: Any = None) -> dict[str, Tool]:
+    """The tool dict from `common.tools` params; web tools need the index (`dvc repro index`) or the live web.
+    `store`: the web_cache's WebStore. The sandbox policy is applied here, before any call: `sandbox: strict`
+    without namespaces raises SandboxUnavailable."""
+    from coa.tools.sandbox import check_policy
 
-    return code
-
-
-def build_tools(cfg: Any, index_dir: str | Path | None = None,
-                summariser: Callable[[str, str, str], str] | None = None) -> dict[str, Tool]:
-    """The tool dict from `common.tools` params; web tools need the index (`dvc repro index`). The sandbox
-    policy is applied here, before any call: `sandbox: strict` without namespaces raises SandboxUnavailable."""
     check_policy(cfg.sandbox)
-    tools: dict[str, Tool] = {"code": code_tool(SandboxLimits(wall_time_s=cfg.code_wall_time_s,
-                                                              max_output_chars=cfg.max_observation_chars))}
-    index = BM25Index.load(index_dir) if index_dir is not None else None
-    if cfg.search_provider == "http":
-        engine: BM25Index | HttpSearch = HttpSearch(cfg.search_url, cfg.search_api_key_env)
-    elif index is not None:
-        engine = index
-    else:
-        return tools
-    tools["web_search"] = search_tool(engine, cfg.search_top_k, cfg.snippet_chars)
-    if index is not None:
-        tools["crawl_page"] = crawl_tool(index, cfg.page_chars, summariser)
-    return tools
+    ctx = ToolContext(index_dir=index_dir, store=store, summariser=summariser)
+    built = {spec.tag: spec.build(cfg, ctx) for spec in TOOLS}
+    return {tag: tool for tag, tool in built.items() if tool is not None}
 
 
 class ToolSession:
-    """The tools as one trajectory sees them: dispatch by tag, cap every observation, and answer an
-    identical repeated search with a short note instead of the same results again (as the reference does)."""
+    """The tools as one trajectory sees them: dispatch by tag, cap every observation, answer an identical
+    repeated call of a tool with a `repeat_note` with that note (as the reference does for searches), and
+    give the tools the agent's `goal` (the task's question: the page summariser reads it)."""
 
-    def __init__(self, tools: dict[str, Tool], max_chars: int) -> None:
-        self.tools, self.max_chars = tools, max_chars
-        self.seen_queries: set[str] = set()
+    def __init__(self, tools: dict[str, Tool], max_chars: int, goal: str = "") -> None:
+        self.tools, self.max_chars, self.goal = tools, max_chars, goal
+        self.seen: set[tuple[str, str]] = set()
         self.calls = 0
 
     def __call__(self, tag: str, content: str) -> str:
+        from coa.format import truncate
+
         self.calls += 1
         tool = self.tools.get(tag)
         if tool is None:
             return f"Error: no tool named {tag}; available: {', '.join(sorted(self.tools))}."
-        if tag == "web_search":
-            key = " ".join(content.lower().split())
-            if key in self.seen_queries:
-                return f"Already searched for '{content.strip()}'; the results are in an earlier observation."
-            self.seen_queries.add(key)
-        return cap(tool(content), self.max_chars)
+        note = BY_TAG[tag].repeat_note if tag in BY_TAG else None
+        if note is not None:
+            key = (tag, " ".join(content.lower().split()))
+            if key in self.seen:
+                return note.format(content=content.strip())
+            self.seen.add(key)
+        token = GOAL.set(self.goal)
+        try:
+            return truncate(tool(content), self.max_chars)
+        finally:
+            GOAL.reset(token)

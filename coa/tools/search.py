@@ -111,21 +111,30 @@ class BM25Index:
 class HttpSearch:
     """A search API over HTTP (Serper-compatible: POST {"q": query, "num": k} -> {"organic": [...]}).
 
-    The key comes from the environment variable named in params, never from a file in the repo.
+    The key comes from the environment variable named in params, never from a file in the repo; a replay of
+    recorded searches (need_key false) never calls the API and needs none.
     """
 
-    def __init__(self, url: str, api_key_env: str, timeout_s: float = 20.0) -> None:
+    def __init__(self, url: str, api_key_env: str, timeout_s: float = 20.0, need_key: bool = True) -> None:
         key = os.environ.get(api_key_env, "")
-        if not key:
-            raise RuntimeError(f"search provider http needs an API key in the environment variable {api_key_env}")
+        if not key and need_key:
+            raise SystemExit(f"common.tools.search_provider: http needs an API key in the environment variable "
+                             f"{api_key_env} (export it, or replay a recorded run: web_cache: replay)")
         self.url, self.key, self.timeout_s = url, key, timeout_s
 
     def search(self, query: str, k: int = 5, snippet_chars: int = 240) -> list[SearchHit]:
+        return self.hits(self.request(query, k), k, snippet_chars)
+
+    def request(self, query: str, k: int) -> dict:
+        """The API's answer as it came (what web_cache records)."""
         body = json.dumps({"q": query, "num": k}).encode()
         req = urllib.request.Request(self.url, data=body, method="POST",
                                      headers={"X-API-KEY": self.key, "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            data = json.loads(resp.read().decode())
+            return json.loads(resp.read().decode())
+
+    @staticmethod
+    def hits(data: dict, k: int, snippet_chars: int) -> list[SearchHit]:
         return [SearchHit(str(r.get("title", "")), str(r.get("link", "")), str(r.get("snippet", ""))[:snippet_chars],
                           float(-i)) for i, r in enumerate(data.get("organic", [])[:k])]
 

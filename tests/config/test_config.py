@@ -27,6 +27,8 @@ def test_shipped_params_load(repo_root):
         ({"curate.sources": [{"kind": "hotpotqa", "path": "h.json", "n": 3}]}, r"curate\.sources\[0\]\.n: hotpotqa is read from a file"),
         ({"curate.sources": [{"kind": "hotpotq", "path": "h.json"}]}, r"did you mean hotpotqa\?"),
         ({"curate.decontaminate_ngram": -1}, r"curate\.decontaminate_ngram: must be >= 0"),
+        ({"curate.corpus": [{"path": "wiki.txt"}]}, r"curate\.corpus\[0\]\.path: a corpus file is \.jsonl"),
+        ({"curate.corpus": [{"file": "wiki.jsonl"}]}, r"curate\.corpus\[0\]\.file: unknown key"),
         ({"common.tools.search_provider": "google"}, r"common\.tools\.search_provider: must be one of \['bm25', 'http'\]"),
         ({"common.tools.sandbox": "loose"}, r"common\.tools\.sandbox: must be one of \['strict', 'permissive'\]"),
         ({"index.b": 2.0}, r"index\.b: must be within \[0, 1\]"),

@@ -1,4 +1,4 @@
-"""coa.eval.report: the eval stage's per-slice breakdown (web kind and hops, math/code family)."""
+"""coa.eval.report: the eval stage's per-slice breakdown (web kind and hops, math/code family, dataset source)."""
 
 import json
 
@@ -34,3 +34,12 @@ def test_slice_accuracy_is_per_attempt_on_the_eval_split_only():
     assert m["slice.web.hops.2.accuracy"] == 0.25 and m["slice.web.hops.2.tasks"] == 2
     assert m["slice.math.family.modular.accuracy"] == 1.0 and m["slice.math.family.modular.tasks"] == 1
     assert not any(k.startswith("slice.") for k in eval_metrics(rows, ["sft"], 2, {"sft": 1.0})["sft"])
+
+
+def test_a_dataset_source_is_its_own_slice():
+    tasks = [{"task_id": "h1", "domain": "web", "source": "hotpotqa", "meta": "{}"},
+             {"task_id": "w1", "domain": "web", "source": "world:web", "meta": json.dumps({"kind": "depth"})}]
+    assert task_slices(tasks) == {"h1": ["source.hotpotqa"], "w1": ["web.kind.depth"]}
+    rows = [_row("rl", "h1", "web", 0, True), _row("rl", "h1", "web", 1, False), _row("rl", "w1", "web", 0, False)]
+    m = eval_metrics(rows, ["rl"], k=2, timings={"rl": 1.0}, slices=task_slices(tasks))["rl"]
+    assert m["slice.source.hotpotqa.accuracy"] == 0.5 and m["slice.source.hotpotqa.tasks"] == 1

@@ -70,7 +70,7 @@ def stage_dir(tmp_path, monkeypatch) -> Path:
     write_inputs(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setattr("coa.teacher.chat.MAX_BACKOFF_S", 0.01)  # the client's backoff, kept short
+    monkeypatch.setattr("coa.chat.MAX_BACKOFF_S", 0.01)  # the client's backoff, kept short
     return tmp_path
 
 

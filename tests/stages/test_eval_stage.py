@@ -28,7 +28,7 @@ def stage_dir(tmp_path, monkeypatch) -> Path:
     write_inputs(tmp_path)  # N web tasks of split sft, the index, a tokenizer in models/base
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setattr("coa.teacher.chat.MAX_BACKOFF_S", 0.01)
+    monkeypatch.setattr("coa.chat.MAX_BACKOFF_S", 0.01)
     monkeypatch.setattr("coa.teacher.run.time.sleep", lambda s: None)  # the retry rounds' waits
     return tmp_path
 

@@ -3,13 +3,16 @@
 Runs in a copy of the repository (its own git repo, DVC cache and MLflow store), so the stages and
 dvc.yaml never drift apart; the one end-to-end run of `make test` (its tests are not marked slow). Also
 checks determinism (`dvc repro -f` gives byte-identical artifacts, in make test-slow) and the MLflow lineage
-of every stage run.
+of every stage run. Beside the worlds, a generated HotpotQA-layout file brings 30 questions with their
+paragraphs (tests/tasks/hotpot_like.py): curate makes them pages, the teacher answers from them, eval
+reports the source as its own slice.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +23,9 @@ import pytest
 import yaml
 
 from coa.io import read_table
+from coa.teacher.trajectory import FILTERS
 from schemas import Document, Reject, Task, TaskStats, Trajectory, Transcript
+from tests.tasks.hotpot_like import hotpot_records, write_hotpot
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL_SKIP = {".git", "data", "models", ".mlflow", ".cache", ".pytest_cache", ".hypothesis", ".ruff_cache"}
@@ -39,7 +44,8 @@ def ignore(directory: str, names: list[str]) -> set[str]:
 SMOKE = {
     "curate": {"sources": [{"kind": "world:web", "n": 240}, {"kind": "world:math", "n": 120},
                            {"kind": "world:code", "n": 60},
-                           {"kind": "hotpotqa", "path": "hotpotqa.json", "split": "eval"}]},
+                           {"kind": "hotpotqa", "path": "hotpotqa.json", "split": "eval"},
+                           {"kind": "hotpotqa", "path": "hotpot_like.json"}]},  # split by hash: 16 sft, 5 eval
     "base": {"kind": "tiny", "reference": "none", "tokenizer": {"vocab_size": 1024, "min_frequency": 2},
              "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                       "num_key_value_heads": 1, "intermediate_size": 128}},
@@ -93,6 +99,7 @@ def smoke_repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("e2e") / "repo"
     shutil.copytree(ROOT, repo, ignore=ignore)
     shutil.copy(ROOT / "tests/fixtures/datasets/hotpotqa.json", repo / "inputs/data/hotpotqa.json")
+    write_hotpot(repo / "inputs/data/hotpot_like.json", hotpot_records(seed=1, n=30))
     params = merge(yaml.safe_load((repo / "params.yaml").read_text()), SMOKE)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for f in (repo / "metrics").glob("*.json"):
@@ -121,8 +128,10 @@ def test_dvc_repro_runs_every_stage(smoke_repo):
     metrics = yaml.safe_load((smoke_repo / "metrics/curate.json").read_text())
     parts = metrics["kept"] + metrics["rejected"] + metrics["duplicates"] + metrics["contaminated"]
     assert metrics["source/world:web/in"] + metrics["source/world:math/in"] + metrics["source/world:code/in"] == 420
-    assert metrics["in"] == parts and metrics["source/hotpotqa/kept"] >= 1 and metrics["source/hotpotqa/rejected"] >= 1
-    assert tasks.filter(pl.col("source") == "hotpotqa")["split"].unique().to_list() == ["eval"]
+    assert metrics["in"] == parts and metrics["source/hotpotqa-3/kept"] >= 1 and metrics["source/hotpotqa-3/rejected"] >= 1
+    fixture = tasks.filter(pl.col("meta").str.contains('"file":"hotpotqa.json"', literal=True))
+    assert fixture.height == metrics["source/hotpotqa-3/kept"] and fixture["split"].unique().to_list() == ["eval"]
+    assert metrics["source/hotpotqa-4/kept"] == 30 and metrics["source/hotpotqa-4/documents"] == 120
     assert tasks.height == metrics["kept"] and rejects.height == metrics["rejected"] + metrics["duplicates"]
     by_split = tasks.group_by("split").len()
     assert set(by_split["split"]) == {"sft", "rl", "eval"}
@@ -194,9 +203,7 @@ def test_distill_outputs_reconcile_and_parse(smoke_repo):
     tasks = all_sft.join(stats.filter(pl.col("kept")), on="task_id", how="semi")
     assert m["skipped_too_easy"] == all_sft.height - tasks.height
     assert transcripts.height == tasks.height == m["tasks"] == kept.height + rejects.height
-    assert m["kept"] == kept.height and sum(m[f"rejected_{f}"] for f in ("correct", "min_tool_calls",
-                                                                            "web_reflection", "malformed",
-                                                                            "too_long")) == rejects.height
+    assert m["kept"] == kept.height and sum(m[f"rejected_{f}"] for f in FILTERS) == rejects.height
     for row in kept.iter_rows(named=True):
         assert check_transitions(parse(row["trajectory"]), row["domain"]) == [] and row["correct"]
     assert m["web.teacher_accuracy"] >= 0.8 and m["math.teacher_accuracy"] >= 0.8 and m["code.teacher_accuracy"] >= 0.7
@@ -296,7 +303,11 @@ def test_eval_scores_every_model_and_writes_metrics_and_plots(smoke_repo):
 
     rows = read_table(smoke_repo / "data/eval.parquet", EvalRow)
     m = yaml.safe_load((smoke_repo / "metrics/eval.json").read_text())
-    assert set(rows["model"]) == set(m) - RUN_FACTS - {"policy_tokens_per_s", "rl_vs_sft", "engine"} == {"base", "sft", "rl", "teacher"}
+    assert set(rows["model"]) == set(m) - RUN_FACTS - {"policy_tokens_per_s", "rl_vs_sft", "engine", "web"} \
+        == {"base", "sft", "rl", "teacher"}
+    assert m["web"] == {"hits": 0, "recorded": 0, "missing": 0, "live": 0}  # web_cache none: the local index only
+    for stage in ("distill", "solve_filter", "rl", "eval"):  # each web-using stage's store: just the manifest
+        assert [p.name for p in (smoke_repo / "data/web" / stage).iterdir()] == ["manifest.json"]
     assert m["policy_tokens_per_s"] > 0 and m["sft"]["policy_tokens_per_s"] > 0
     assert set(m["engine"]) == {"base", "sft", "rl"}  # each model's decode steps, priced by bench/rollout.py
     paired = m["rl_vs_sft"]  # RL against SFT on the same tasks and samples
@@ -310,7 +321,7 @@ def test_eval_scores_every_model_and_writes_metrics_and_plots(smoke_repo):
         assert 0 <= s["accuracy_ci_low"] <= s["accuracy"] <= s["accuracy_ci_high"] <= 1
         assert s["pass@1"] <= s["pass@2"] and s["tokens_per_task"] > 0 and "bench:hotpotqa.accuracy" in s
         assert s["tasks"] == rows.filter(pl.col("model") == name)["task_id"].n_unique()
-    # the smoke eval split mixes world tasks with HotpotQA ones the offline teacher cannot look up
+    # the smoke eval split's first web tasks are the generated HotpotQA ones: the teacher reads their pages
     assert m["teacher"]["math.accuracy"] >= 0.8 and m["teacher"]["code.accuracy"] >= 0.5
     assert m["rl"]["cost_ratio_vs_teacher"] > 0
     for name in ("accuracy", "pass_at_k", "cost"):
@@ -318,3 +329,23 @@ def test_eval_scores_every_model_and_writes_metrics_and_plots(smoke_repo):
     out = sh(smoke_repo, "dvc", "metrics", "show", "--json")
     assert "headline/teacher.json" in out and "cost_vs_teacher" in out  # the headline only (details stay in eval.json)
     assert "accuracy_ci_low" not in out
+
+
+def test_dataset_questions_are_answered_from_their_own_paragraphs(smoke_repo):
+    """curate -> index -> distill -> sft -> eval on the generated HotpotQA file: its paragraphs are pages, the
+    teacher's kept trajectories read them, and eval reports the source as its own slice."""
+    docs = read_table(smoke_repo / "data/corpus.parquet", Document)
+    pages = set(docs.filter(pl.col("url").str.starts_with("https://hotpotqa.coa.local/wiki/"))["url"])
+    assert len(pages) == 125  # 4 paragraphs a generated question, 5 of the fixture's
+    kept = read_table(smoke_repo / "data/trajectories.parquet", Trajectory).filter(
+        pl.col("task_id").str.starts_with("hotpotqa-0"))  # the generated ids
+    assert kept.height >= 3  # those that fit the smoke agent's 1,024-token context
+    for text in kept["trajectory"]:  # what the teacher read (a page, or a result's snippet) is those paragraphs
+        read = set(re.findall(r"^## Page: .+ \((\S+)\)$", text, re.M))
+        assert read <= pages and "hotpotqa.coa.local/wiki/" in text and "<answer>" in text
+    m = yaml.safe_load((smoke_repo / "metrics/distill.json").read_text())
+    assert "rejected_no_answer" in m and m["web.teacher_accuracy"] >= 0.8
+    ev = yaml.safe_load((smoke_repo / "metrics/eval.json").read_text())
+    for name in ("base", "sft", "rl", "teacher"):
+        assert ev[name]["slice.source.hotpotqa.tasks"] == 2  # eval.max_tasks web tasks: the first by task_id
+    assert ev["teacher"]["slice.source.hotpotqa.accuracy"] >= 0.5

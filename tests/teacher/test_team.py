@@ -6,18 +6,21 @@ import random
 
 import pytest
 
+from coa.chat import ChatClient
 from coa.format import check_transitions, parse
 from coa.rewards import check
 from coa.tasks.code import generate_code
 from coa.tasks.math import generate_math
 from coa.tasks.web import generate_web
 from coa.teacher import TeamLimits, llm_team, run_team
-from coa.teacher.chat import ChatClient
 from coa.teacher.offline.agents import OfflineStyle, offline_team
 from coa.teacher.trajectory import linearise, shape
-from coa.tools import ToolSession, code_tool, crawl_tool, search_tool
+from coa.tools import ToolSession
+from coa.tools.code import code_tool
+from coa.tools.crawl_page import crawl_tool, index_pages
 from coa.tools.sandbox import SandboxLimits
 from coa.tools.search import BM25Index
+from coa.tools.web_search import search_tool
 from tests.fakes.chat_server import ChatServer
 
 STYLE = OfflineStyle(p_direct=0.65, p_snippet=0.3, p_check_forum=0.5, p_critic_catch=0.15, p_lenient=0.1, p_slip=0.3)
@@ -28,7 +31,7 @@ LIMITS = TeamLimits(max_replans=2, max_tool_calls=16, max_worker_turns=12)
 def web_world():
     tasks, docs = generate_web(seed=11, n_tasks=160, splits={"sft": 1.0})
     index = BM25Index.build([d["title"] for d in docs], [d["url"] for d in docs], [d["text"] for d in docs])
-    tools = {"web_search": search_tool(index, 5, 240), "crawl_page": crawl_tool(index, 3000)}
+    tools = {"web_search": search_tool(index, 5, 240), "crawl_page": crawl_tool(index_pages(index), 3000)}
     return tasks, tools
 
 

@@ -73,6 +73,7 @@ def row(**kw):
 def test_filters_each_drop_with_a_reason_in_order():
     assert filter_reason(row(), [], FILTERS) is None
     assert filter_reason(row(correct=False), ["bad"], FILTERS)[0] == "correct"
+    assert filter_reason(row(correct=False, answer=""), [], FILTERS)[0] == "no_answer"  # nothing found, nothing said
     assert filter_reason(row(n_tool_calls=1), [], FILTERS) == ("min_tool_calls", "1 tool calls, fewer than min_tool_calls.web=2")
     assert filter_reason(row(domain="math", n_tool_calls=1, has_reflection=False), [], FILTERS) is None
     assert filter_reason(row(has_reflection=False), [], FILTERS)[0] == "web_reflection"

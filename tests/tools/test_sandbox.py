@@ -343,7 +343,8 @@ CODE = "```python\nprint(6 * 7)\n```"
 
 def test_strict_refuses_without_namespaces_when_the_tools_are_built(tools_cfg, no_namespaces, caplog):
     from coa.runtime import tools_factory
-    from coa.tools import SandboxUnavailable, build_tools
+    from coa.tools import build_tools
+    from coa.tools.sandbox import SandboxUnavailable
 
     strict = dataclasses.replace(tools_cfg, sandbox="strict")
     for build in (lambda: build_tools(strict), lambda: tools_factory(strict, "no-index-needed-to-refuse")):

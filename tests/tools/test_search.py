@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from coa.tools import ToolSession, build_tools, cap, crawl_tool, search_tool
+from coa.format import truncate as cap
+from coa.tools import ToolSession, build_tools
+from coa.tools.crawl_page import crawl_tool, index_pages
 from coa.tools.search import BM25Index, HttpSearch, format_results, snippet
+from coa.tools.web_search import search_tool
 
 DOCS = [
     ("Orvane Labs", "https://wiki.coa.local/orvane-labs",
@@ -51,13 +54,13 @@ def test_index_build_is_deterministic(tmp_path):
 
 
 def test_crawl_fetches_several_pages_and_reports_missing_ones(index):
-    crawl = crawl_tool(index, page_chars=40)
+    crawl = crawl_tool(index_pages(index), page_chars=40)
     out = crawl("https://wiki.coa.local/tesk | https://nowhere.example/x")
     assert out.startswith("## Page: Tesk (https://wiki.coa.local/tesk)\nTesk is a city in Sereland.")
     assert "## Page: https://nowhere.example/x\nError: page not found." in out
     assert "truncated" in crawl("https://wiki.coa.local/orvane-labs")
     assert crawl(" | ").startswith("Error: no URL given")
-    summarised = crawl_tool(index, 100, summariser=lambda url, title, text: f"summary of {title}")
+    summarised = crawl_tool(index_pages(index), 100, summariser=lambda url, title, text: f"summary of {title}")
     assert "summary of Tesk" in summarised("https://wiki.coa.local/tesk")
 
 
@@ -87,7 +90,7 @@ def test_build_tools_from_params(index, tmp_path, repo_root):
 
 def test_http_provider_needs_a_key_and_speaks_serper(monkeypatch):
     monkeypatch.delenv("COA_TEST_SEARCH_KEY", raising=False)
-    with pytest.raises(RuntimeError, match="COA_TEST_SEARCH_KEY"):
+    with pytest.raises(SystemExit, match="COA_TEST_SEARCH_KEY"):
         HttpSearch("http://127.0.0.1:9/search", "COA_TEST_SEARCH_KEY")
 
     import json

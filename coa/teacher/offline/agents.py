@@ -26,17 +26,27 @@ from coa.teacher.offline.web import (
     QUERY_WORDS,
     Mention,
     Query,
+    bridge,
+    choose,
     compare_years,
     extract,
     find_page,
     guess,
+    keywords,
+    names,
+    options,
     parse_page,
+    parse_pages,
     parse_question,
     parse_results,
+    question_kind,
+    read_answer,
     strip_label,
+    yes_no,
 )
 from coa.teacher.orchestrator import AgentReply, Team
 from coa.teacher.roles import result_fields
+from coa.tools import CODE, CRAWL, SEARCH
 
 Worker = Generator[str, list[dict[str, str]], str]  # yields outputs with a tool call, receives the context
 
@@ -62,6 +72,14 @@ def _last(context: list[dict[str, str]], prefix: str = "") -> str:
 
 def _first(context: list[dict[str, str]], prefix: str) -> str:
     return next((m["content"] for m in context if m["role"] == "user" and m["content"].startswith(prefix)), "")
+
+
+def _earlier(context: list[dict[str, str]], call: str) -> str:
+    """The observation that answered the first time this call was made (a repeated search's results)."""
+    for said, heard in zip(context, context[1:], strict=False):
+        if said["role"] == "assistant" and said["content"].endswith(call) and heard["role"] == "user":
+            return heard["content"]
+    return ""
 
 
 def _question(text: str) -> str:
@@ -109,7 +127,7 @@ class _Search:
         for i, query in enumerate(queries):
             why = f"I need {what}. Let me search for it." if i == 0 else \
                 f"No result is the encyclopedia page of {mention.label}. Let me search differently."
-            hits = parse_results(_last((yield f"<think>{why}</think>\n<web_search>{query}</web_search>"), ""))
+            hits = parse_results(_last((yield f"<think>{why}</think>\n{SEARCH.call(query)}"), ""))
             page = find_page(hits, mention)
             if page:
                 break
@@ -121,7 +139,7 @@ class _Search:
             self.evidence.append(f"{what}: {strip_label(value)} (snippet of {page.url})")
         else:
             ctx = yield (f"<think>The page [{page.title}] should state {what}. Let me read it.</think>\n"
-                         f"<crawl_page>{page.url}</crawl_page>")
+                         f"{CRAWL.call(page.url)}")
             parsed = parse_page(_last(ctx))
             value = extract(parsed[2], field, mention.name) if parsed else None
             self.evidence.append(f"{what}: {strip_label(value) if value else 'not stated'} (read {page.url})")
@@ -130,7 +148,7 @@ class _Search:
             if value and claim and strip_label(claim) != strip_label(value):
                 if rng.random() < self.style.p_check_forum:
                     yield (f"<think>[{hit.title}] claims {claim} instead of {strip_label(value)}. Let me look at "
-                           f"it before deciding.</think>\n<crawl_page>{hit.url}</crawl_page>")
+                           f"it before deciding.</think>\n{CRAWL.call(hit.url)}")
                 self.conflicts.append(f"{hit.url} claims {claim}; the encyclopedia page says {strip_label(value)}")
         return value
 
@@ -164,7 +182,7 @@ class _Search:
 
     def direct_answer(self, question: str, query: Query | None) -> Generator[str, list, str | None]:
         ctx = yield ("<think>This looks answerable with one search for the whole question.</think>\n"
-                     f"<web_search>{question.rstrip('?')}</web_search>")
+                     f"{SEARCH.call(question.rstrip('?'))}")
         hits = parse_results(_last(ctx))
         if not hits:
             return None
@@ -180,12 +198,87 @@ class _Search:
         return "yes" if query.target in top else "no"
 
 
+    def open_page(self, query: str, what: str, entity: str = "", enough: Callable[[tuple], bool] | None = None,
+                  how: list[str] | None = None) -> Generator[str, list, tuple[str, str, str] | None]:
+        """Search `query` and take the hit titled `entity` (else the first): its snippet when `enough` says the
+        snippet holds what is needed (and the searcher trusts snippets, p_snippet), else the page read in full.
+        (title, url, text) or None; `how` gets "read <url>" or "snippet of <url>"."""
+        ctx = yield f"<think>I need {what}.</think>\n{SEARCH.call(query)}"
+        hits = parse_results(_last(ctx)) or parse_results(_earlier(ctx, SEARCH.call(query)))  # searched before
+        key = entity.lower()
+        hit = next((h for h in hits if key and h.title.lower() in (key, strip_label(h.title).lower())), None) or \
+            next((h for h in hits if key and h.title.lower().startswith(key)), None) or (hits[0] if hits else None)
+        if hit is None:
+            self.evidence.append(f"{what}: not found (no result for '{query}')")
+            return None
+        skim = (hit.title, hit.url, hit.snippet)
+        if enough is not None and self.rng.random() < self.style.p_snippet and enough(skim):
+            (how if how is not None else []).append(f"snippet of {hit.url}")
+            return skim
+        pages = parse_pages(_last((yield f"<think>[{hit.title}] should say. Let me read it.</think>\n"
+                                         f"{CRAWL.call(hit.url)}"), ""))
+        if not pages:
+            self.evidence.append(f"{what}: not found ({hit.url} could not be read)")
+            return None
+        (how if how is not None else []).append(f"read {hit.url}")
+        return pages[0]
+
+    def general_answer(self, question: str) -> Generator[str, list, str | None]:
+        """A question of a shape the rules do not know (a real dataset's): the pages of the entities it compares
+        or of the question itself, then the answer from their sentences (coa.teacher.offline.web, any question)."""
+        kind, pair, how = question_kind(question), options(question), []
+
+        def says(focus: set[str], want: str = kind, known: str = "") -> Callable[[tuple], bool]:
+            return lambda page: bool((found := read_answer(question, want, [page], focus, known)) and found[2])
+
+        entities = list(pair) if pair else names(question)[:2] if kind == "yesno" else []
+        if entities or kind == "yesno":  # a page per entity (a yes/no question naming none: the question's)
+            read = []
+            for entity in entities or [question.rstrip("?")]:
+                extra = [w for w in re.findall(r"\w+", question) if w.lower()[:5] in keywords(question) - keywords(entity)]
+                query = f"{entity} {' '.join(extra[:2])}" if self.careful and entities else entity
+                what = f"the page about {entity}" if entities else "a page that answers the question"
+                page = yield from self.open_page(query, what, entity if entities else "",
+                                                 says(keywords(question) - keywords(entity), "year") if pair else None, how)
+                if page is None:
+                    return None
+                read.append(page)
+            answer = choose(question, [(e, p[2]) for e, p in zip(entities, read, strict=True)]) if pair else \
+                yes_no(question, entities, [p[2] for p in read])
+            self.evidence.append(f"the answer: {answer} ({' and '.join(how)})" if answer else
+                                 f"the answer: not stated ({' and '.join(how)})")
+            return answer
+        query = " ".join(names(question)) if self.careful and names(question) else question.rstrip("?")
+        first = says(keywords(question))
+        page = yield from self.open_page(query, "a page that answers the question", "",
+                                         lambda p: first(p) or bridge(question, p) is not None, how)
+        if page is None:
+            return None
+        found = read_answer(question, kind, [page])
+        rest = keywords(question) - keywords(f"{page[0]} {page[2]}")
+        step = bridge(question, page) if rest else None
+        if step:  # the page answers part of the question and names what answers the rest
+            second = yield from self.open_page(step, f"the page about {step}", step, says(rest, known=step), how)
+            if second is not None:
+                found = read_answer(question, kind, [second], focus=rest, known=step)
+        if found is None:
+            self.evidence.append(f"the answer: not stated ({', then '.join(how)})")
+            return None
+        self.evidence.append(f"the answer: {found[0]} ({', then '.join(how)})" if found[2] else
+                             f"the answer: {found[0]} ({', then '.join(how)}; not verified: no sentence there ties "
+                             "it to the question)")
+        return found[0]
+
+
 def _searcher(rng: random.Random, style: OfflineStyle) -> Callable[[str, str], Worker]:
     def start(question: str, plan: str) -> Worker:
         query = parse_question(question)
-        direct = query is None or plan.startswith("Strategy: direct")
         search = _Search(rng, style, careful="alternative" in plan)
-        answer = yield from (search.direct_answer(question, query) if direct else search.careful_answer(query))
+        if query is None:
+            answer = yield from search.general_answer(question)
+        else:
+            direct = plan.startswith("Strategy: direct")
+            answer = yield from (search.direct_answer(question, query) if direct else search.careful_answer(query))
         conflicts = "; ".join(search.conflicts) or "none"
         evidence = "; ".join(search.evidence) or "none"
         think = (f"Putting it together: the answer is {answer}." if answer else
@@ -203,10 +296,14 @@ def _web_planner(rng: random.Random, style: OfflineStyle) -> Callable:
         request = context[-1]["content"]
         question = _question(_first(context, "Question: "))
         query = parse_question(question)
-        steps = query.steps() if query else ["Search for the key entities of the question.",
-                                             "Read the most relevant pages.", "Answer from what they say."]
-        if request.startswith("Question: "):
-            strategy = "direct search" if query is None or rng.random() < style.p_direct else "step by step"
+        steps = query.steps() if query else ["Find the pages of the question or of its entities.",
+                                             "Follow a page to the entity it names.", "Answer from what they state."]
+        if query is None:  # a question of a shape the rules do not know: read whatever the corpus holds
+            again = not request.startswith("Question: ")
+            head = "Strategy: search and read" + (", with alternative search terms\nThe last attempt did not "
+                                                  "hold up, so search differently and read the pages again." if again else "")
+        elif request.startswith("Question: "):
+            strategy = "direct search" if rng.random() < style.p_direct else "step by step"
             if strategy == "direct search":
                 steps = ["Search for the whole question and answer from the best result.",
                          "If that is not convincing, resolve it step by step."]
@@ -307,7 +404,7 @@ def _coder(domain: str, rng: random.Random, style: OfflineStyle) -> Callable[[st
                 why = solution.approach
             else:
                 why = "The first draft failed. Let me fix it and run it again."
-            ctx = yield f"<think>{why}</think>\n<code>\n{format_code(program)}\n</code>"
+            ctx = yield f"<think>{why}</think>\n{CODE.call(chr(10) + format_code(program) + chr(10))}"
             output = _last(ctx, "")
             output = _last(ctx[:-1]) if output.startswith("Critic:") else output
             ok = ("example passed" in output) if check else _number(output) is not None

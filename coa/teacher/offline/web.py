@@ -6,7 +6,14 @@
 
 The agent knows English question shapes and encyclopedic sentence shapes, nothing about any
 particular world: every fact comes from what web_search and crawl_page return. Questions it cannot
-parse get a generic strategy (search the question, take the best-supported name), which is often wrong.
+parse (a real dataset's) get a general reading of whatever corpus is indexed: the question's kind
+(`question_kind`: a choice between two options, yes/no, a year, a date, a number or a name), the pages
+of its entities or of the question itself, and the answer from the sentence of those pages that shares
+the most words with the question (`read_answer`, `choose`, `yes_no`); a page that leaves part of the
+question unanswered names the entity to look up next (`bridge`). Often wrong; the filters keep the right.
+
+    kind = question_kind("Which film came out first, Blind Shaft or The Mask of Fu Manchu?")   # "choice"
+    read_answer("Who directed Kiss and Tell?", "name", [(title, url, text)])   # (answer, url, score) or None
 """
 
 from __future__ import annotations
@@ -266,10 +273,16 @@ def parse_results(observation: str) -> list[Hit]:
     return hits
 
 
+def parse_pages(observation: str) -> list[tuple[str, str, str]]:
+    """(title, url, text) of every page of a crawl_page observation (pages not found left out)."""
+    found = re.finditer(r"^## Page: (.+) \((\S+)\)\n(.*?)(?=\n\n## Page: |\Z)", observation, re.M | re.S)
+    return [(m.group(1), m.group(2), m.group(3)) for m in found]
+
+
 def parse_page(observation: str) -> tuple[str, str, str] | None:
     """(title, url, text) of the first page of a crawl_page observation."""
-    m = re.search(r"^## Page: (.+) \((\S+)\)\n(.*?)(?=\n\n## Page: |\Z)", observation, re.M | re.S)
-    return (m.group(1), m.group(2), m.group(3)) if m else None
+    pages = parse_pages(observation)
+    return pages[0] if pages else None
 
 
 def find_page(hits: list[Hit], mention: Mention) -> Hit | None:
@@ -296,3 +309,170 @@ def compare_years(values: list[str | None], later: bool) -> int | None:
     years = [int(v) for v in values]  # type: ignore[arg-type]
     best = max(years) if later else min(years)
     return years.index(best) if years.count(best) == 1 else None
+
+
+# ----------------------------------------------------------------------------- any question
+
+STOPWORDS = frozenset("""a an the of in on at to for from by with and or as is are was were be been being do does did
+has have had can could will would should what which who whom whose when where why how that this these those it its he
+she his her him they their them there than then also both either same one first into about after before during not
+no yes name named""".split())
+_AUX = {"is", "are", "was", "were", "do", "does", "did", "can", "could", "has", "have", "had", "will", "would", "should"}
+_NAME = re.compile(r'"[^"]+"|[A-Z][\w\'’-]*\.?(?:\s+(?:(?:of|the|de|da|di|del|der|von|van|du|la|le|and the)\s+)*'
+                   r"(?:[A-Z0-9][\w\'’-]*\.?))*")
+_MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+_DATE = re.compile(rf"{_MONTH} \d{{1,2}}, \d{{4}}|\d{{1,2}} {_MONTH} \d{{4}}|{_MONTH} \d{{4}}|\b1\d{{3}}\b|\b20\d\d\b")
+_NUMBER = re.compile(r"\b\d[\d,]*(?:\.\d+)?\b")
+_LATER = re.compile(r"\b(later|more recent(?:ly)?|younger|newer|last|most recent)\b")
+_EARLIER = re.compile(r"\b(first|earlier|older|oldest|before|earliest)\b")
+_PLACE = re.compile(r"\b(where|city|country|state|town|place|county|neighbou?rhood|region|located|based)\b")
+
+
+def keywords(text: str) -> set[str]:
+    """The content words of `text`, lower-cased and cut to 5 letters (a crude stem: directed ~ director)."""
+    return {w.lower()[:5] for w in re.findall(r"\w+", text) if w.lower() not in STOPWORDS and (len(w) > 2 or w.isdigit())}
+
+
+def names(text: str) -> list[str]:
+    """Capitalised spans and quoted titles of `text`, without a leading function word ("In London" -> "London")."""
+    out = []
+    for m in _NAME.finditer(text):
+        span = m.group(0).strip('"')
+        words = span.rstrip(".,;:").split() if not m.group(0).startswith('"') else [span]
+        while words and words[0].lower() in STOPWORDS - {"the"}:
+            words = words[1:]
+        while words and words[-1] in ("of", "the", "and"):
+            words = words[:-1]
+        if words and words != ["The"] and words[0][:1].isupper():
+            out.append(" ".join(words))
+    return list(dict.fromkeys(out))
+
+
+def sentences(text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])", " ".join(text.split())) if s]
+
+
+def options(question: str) -> tuple[str, str] | None:
+    """The two options of a choice question ("Which came first, A or B?", "... first A or B?"), or None."""
+    q = " ".join(question.split()).rstrip("?").strip()
+    m = re.fullmatch(r"[^,:]+[,:] (?P<a>.+?) or (?P<b>[^,]+)", q)
+    if m:
+        return m.group("a").strip('"'), m.group("b").strip('"')
+    m = re.search(r" or (?P<b>[^,]+)$", q)
+    head = q[:m.start()] if m else ""
+    last = [n for n in _NAME.finditer(head) if n.end() == len(head)]
+    return (names(last[-1].group(0))[-1], m.group("b").strip('"')) if m and last and names(last[-1].group(0)) else None
+
+
+def question_kind(question: str) -> str:
+    """choice, yesno, year, date, number or name: what shape of answer the question wants."""
+    low = question.lower()
+    if options(question):
+        return "choice"
+    if low.split()[:1] and low.split()[0] in _AUX:
+        return "yesno"
+    if re.search(r"\b(what|which) year\b", low):
+        return "year"
+    if re.search(r"\bwhen\b", low):
+        return "date"
+    if re.search(r"\bhow (many|much|old|long|tall|far|large|big)\b|\bpopulation\b", low):
+        return "number"
+    return "name"
+
+
+def _in_question(candidate: str, question: str) -> bool:
+    words = {w.lower() for w in re.findall(r"\w+", question)}
+    return candidate.lower() in question.lower() or all(w.lower() in words for w in re.findall(r"\w+", candidate))
+
+
+def candidates(sentence: str, kind: str, question: str) -> list[str]:
+    """The answers of `kind` a sentence offers that the question does not already name, the likeliest first."""
+    if kind in ("year", "date"):
+        found = [m.group(0) for m in _DATE.finditer(sentence)]
+        if kind == "year":
+            found = [y for d in found for y in re.findall(r"\d{4}", d)]
+    elif kind == "number":
+        found = [n.replace(",", "") for n in _NUMBER.findall(sentence)]
+    else:
+        found = sorted(names(sentence), key=lambda n: -fit(n, sentence, question))
+    return [c for c in dict.fromkeys(found) if not _in_question(c, question)]
+
+
+def fit(name: str, sentence: str, question: str) -> int:
+    """1 when a name has the shape the question asks for (a place after in / at / from, a person's two
+    words for who), else 0."""
+    if _PLACE.search(question.lower()):
+        return int(bool(re.search(rf"\b(in|at|from|near) (the )?{re.escape(name)}", sentence)))
+    return int(len(name.split()) > 1) if question.lower().startswith("who") else 1
+
+
+def read_answer(question: str, kind: str, pages: list[tuple[str, str, str]], focus: set[str] | None = None,
+                known: str = "") -> tuple[str, str, int] | None:
+    """(answer, url of its page, how many question words its sentence shares): the first candidate (not in the
+    question nor `known`) of the sentence (with its page's title) sharing the most words with `focus`
+    (default: the question's)."""
+    focus = keywords(question) if focus is None else focus
+    found = []
+    for order, (title, url, text) in enumerate(pages):
+        for i, sentence in enumerate(sentences(text)):
+            offered = [c for c in candidates(sentence, kind, question) if not known or not _in_question(c, known)]
+            if offered:
+                shape = fit(offered[0], sentence, question) if kind == "name" else 1
+                found.append((len(focus & (keywords(sentence) | keywords(title))), shape, -order, -i, offered[0], url))
+    if not found:
+        return None
+    score, _, _, _, answer, url = max(found, key=lambda f: f[:4])
+    return answer, url, score
+
+
+def bridge(question: str, page: tuple[str, str, str]) -> str | None:
+    """The entity a page names that the question leads on to: in the sentence sharing the most words with the
+    question, the name nearest one of them ("... released by Orrin Records" for "the label that released X")."""
+    want = keywords(question) - keywords(" ".join(names(question)))
+    found = []
+    for sentence in sentences(page[2]):
+        tokens = [w.lower() for w in re.findall(r"\w+", sentence)]
+        near = [i for i, w in enumerate(tokens) if w[:5] in want]
+        for name in candidates(sentence, "name", question) if near else []:
+            first = re.findall(r"\w+", name.lower())[0]
+            at = tokens.index(first) if first in tokens else 0
+            after = [at - i for i in near if i < at]  # the object of a question word ("released by X")
+            found.append((len({tokens[i][:5] for i in near}), -min(after, default=len(tokens)), name))
+    return max(found, key=lambda f: f[:2])[2] if found else None
+
+
+def choose(question: str, pairs: list[tuple[str, str]]) -> str | None:
+    """Which of two (option, page text) pairs a choice question picks: by the first year on each page for
+    earlier / later questions, else the page sharing more of the question's words; None on a tie."""
+    low = question.lower()
+    later, earlier = _LATER.search(low), _EARLIER.search(low)
+    if later or earlier:
+        years = [re.search(r"\b(1\d{3}|20\d\d)\b", text) for _, text in pairs]
+        values = [int(y.group(1)) for y in years if y]
+        if len(values) == len(pairs):
+            best = max(values) if later else min(values)
+            return pairs[values.index(best)][0] if values.count(best) == 1 else None
+    want = keywords(question) - keywords(" ".join(o for o, _ in pairs))
+    scores = [len(want & keywords(text)) for _, text in pairs]
+    return pairs[scores.index(max(scores))][0] if scores.count(max(scores)) == 1 else None
+
+
+def _kind_of(text: str, exclude: set[str]) -> str | None:
+    """What a page says its subject is: the first capitalised word after "is a(n)" / "was a(n)" ("American")."""
+    for m in re.finditer(r"\b(?:is|was|are|were) (?:an?|the) (?:[a-z-]+ )*?([A-Z][a-z]+)", text):
+        if m.group(1).lower() not in exclude:
+            return m.group(1)
+    return None
+
+
+def yes_no(question: str, entities: list[str], texts: list[str]) -> str | None:
+    """yes or no from the entities' pages: "the same X" compares what each page says its subject is,
+    otherwise every page must hold most of the question's other words."""
+    exclude = {w.lower() for e in entities for w in e.split()}
+    if re.search(r"\bsame\b", question.lower()):
+        kinds = [_kind_of(t, exclude) for t in texts]
+        return None if None in kinds or len(kinds) < 2 else ("yes" if len(set(kinds)) == 1 else "no")
+    want = keywords(question) - keywords(" ".join(entities))
+    if not want or not texts:
+        return None
+    return "yes" if all(len(want & keywords(t)) * 2 >= len(want) for t in texts) else "no"

@@ -312,7 +312,8 @@ def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: S
         idx = task_stream(len(tasks), seed, state.cursor, want)
         state.cursor += want
         lo, hi = ranks.share(len(idx), every=_engine_ranks(cfg))
-        requests = [Request(f"{tasks[i]['task_id']}#{p}.{j}", prompts[i], tasks[i]["domain"])  # a task may recur
+        requests = [Request(f"{tasks[i]['task_id']}#{p}.{j}", prompts[i], tasks[i]["domain"],  # a task may recur
+                            tasks[i]["question"])
                     for p, i in enumerate(idx) if lo <= p < hi for j in range(k)]
         sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed * 7919 + step * 131 + rounds)
         rollouts = engine.rollout(requests, sampling, limits, tools_factory) if requests else []

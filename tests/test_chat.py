@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from coa.teacher.chat import RETRY_AFTER_CAP_S, ChatClient, ChatError, ChatReply, _retry_after_s
+from coa.chat import RETRY_AFTER_CAP_S, ChatClient, ChatError, ChatReply, _retry_after_s
 from tests.fakes.chat_server import ChatServer, apply_stop_and_limit
 
 MESSAGES = [
