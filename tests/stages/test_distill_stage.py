@@ -55,7 +55,8 @@ def argv(root: Path) -> list[str]:
     paths = {"tasks": "data/tasks.parquet", "difficulty": "data/difficulty.parquet", "index": "data/index",
              "base": "models/base", "transcripts": "data/transcripts.parquet",
              "trajectories": "data/trajectories.parquet", "heldout": "data/heldout.parquet", "rejects": "data/rejects/distill.parquet",
-             "export": "data/export", "cache": ".cache/distill", "metrics": "metrics/distill.json"}
+             "export": "data/export", "cache": ".cache/distill", "web": "data/web/distill",
+             "metrics": "metrics/distill.json"}
     return ["--params", str(root / "params.yaml"), *[x for k, v in paths.items() for x in (f"--{k}", str(root / v))]]
 
 

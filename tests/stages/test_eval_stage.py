@@ -55,7 +55,7 @@ def test_a_dead_teacher_fails_the_eval_stage_in_one_line_before_any_student(stag
     write_eval_params(stage_dir, url, retry_rounds=1)
     paths = {"tasks": "data/tasks.parquet", "base": "models/base", "sft": "models/sft", "rl": "models/rl",
              "index": "data/index", "rows": "data/eval.parquet", "metrics": "metrics/eval.json",
-             "headline": "metrics/headline", "plots": "plots/eval"}  # no students: the teacher fails first
+             "headline": "metrics/headline", "plots": "plots/eval", "web": "data/web/eval"}  # the teacher fails first
     with pytest.raises(SystemExit) as info:
         stage.main(["--params", str(stage_dir / "params.yaml"),
                     *[x for k, v in paths.items() for x in (f"--{k}", str(stage_dir / v))]])
