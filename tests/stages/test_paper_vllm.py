@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM = {"kind": "vllm", "dtype": "float32", "max_batch": 32,
         "vllm": {"max_model_len": 2048, "cpu_kv_cache_gb": 1, "enforce_eager": True}}
 PAPER_ON_A_CPU = {  # what a CPU cannot take of the paper preset: the model, the endpoints, the sizes
-    "common": {"agent": SMOKE["common"]["agent"], "judge": {"enabled": False}, "tools": {"search_provider": "bm25"}},
+    "common": {"agent": SMOKE["common"]["agent"], "judge": {"enabled": False},
+               "tools": {"search_provider": "bm25", "crawl_provider": "index", "summariser": {"enabled": False}}},
     "base": {"kind": "tiny"},
     "difficulty": {"engine": {"kind": "hf"}, "n_samples": 2},
     "distill": {"teacher": {"backend": "offline"}, "filters": {"min_tool_calls": {"web": 1, "math": 1, "code": 1}}},

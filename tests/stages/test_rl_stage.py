@@ -25,7 +25,8 @@ from tests.stages.test_pipeline import merge
 ROOT = Path(__file__).resolve().parents[2]
 SHRINK = {
     "common": {"agent": {"max_turns": 3, "max_tool_calls": 2, "max_turn_tokens": 16, "max_total_tokens": 256},
-               "judge": {"enabled": False}, "tools": {"search_provider": "bm25"}},
+               "judge": {"enabled": False},
+               "tools": {"search_provider": "bm25", "crawl_provider": "index", "summariser": {"enabled": False}}},
     "rl": {"steps": 2, "prompts_per_step": 2, "rollouts_per_prompt": 4, "max_gen_batches": 2, "mini_batches": 2,
            "row_tokens": 512, "lr": 1e-3, "warmup_steps": 0, "overlong_buffer": 224, "heldout_tasks": 1,
            "checkpoint_every": 1, "engine": {"kind": "hf", "max_batch": 16},
