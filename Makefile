@@ -78,11 +78,10 @@ ifeq ($(VLLM),1)
 	$(VLLM_VENV)/bin/python -m pytest -m "vllm and not slow" --durations=5 $(VLLM_TESTS)
 endif
 
+# The vLLM tests are all quick (make test); the paper preset's vLLM run is a slow test of the main environment
+# that switches to .venv-vllm by itself, so test-slow needs vLLM's environment built, not a second pytest.
 test-slow: setup $(if $(filter 1,$(VLLM)),vllm)
 	$(BIN)/python -m pytest -m "slow and not vllm" --durations=15
-ifeq ($(VLLM),1)
-	$(VLLM_VENV)/bin/python -m pytest -m "vllm and slow" --durations=5 $(VLLM_TESTS)
-endif
 
 lint: setup
 	$(BIN)/ruff check .

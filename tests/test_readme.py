@@ -9,7 +9,8 @@ Makefile, ``python -m X`` is a module of the repository or of this environment, 
 the launchers' ``--module``/``-m`` a module, and the executables of dvc, prefect, mlflow, pip, deepspeed and
 torchrun are installed). Every relative markdown link resolves to a file of the repository (and its ``#anchor``
 to a heading there); the README stays under 260 lines. The file tree of docs/design.md lists only files that
-exist, and the README's backticked repository paths exist.
+exist, and the README's backticked repository paths exist. Each ``pytest -m`` selection of the Makefile
+selects at least one test (pytest exits 5 on none, which fails make).
 """
 
 from __future__ import annotations
@@ -309,3 +310,43 @@ cat configs/missing.yaml | python -m pytest tests/nope_dir
     assert len(found) == 8, found
     right = "make test && .venv/bin/python -m pytest tests/test_readme.py\nCOA_KERNEL=0 python bench/rollout.py\n"
     assert [p for words in commands(right) for p in problems_of(words)] == []
+
+
+class _Marks:
+    """A pytest plugin that records each collected test's file and marker names."""
+
+    def __init__(self):
+        self.items: list[tuple[str, set[str]]] = []
+
+    def pytest_collection_modifyitems(self, items):
+        self.items += [(item.nodeid.split("::")[0], {m.name for m in item.iter_markers()}) for item in items]
+
+
+def makefile_selections() -> list[tuple[str, list[str]]]:
+    """Each ``pytest -m "EXPR" [paths]`` of the Makefile, with $(VAR) paths expanded."""
+    text = (ROOT / "Makefile").read_text()
+    var = dict(re.findall(r"^([A-Z_]+)\s*:=\s*(.*)$", text, flags=re.M))
+    out = []
+    for expr, rest in re.findall(r'pytest -m "([^"]+)"([^\n]*)', text):
+        paths = [w for w in re.sub(r"\$\(([A-Z_]+)\)", lambda m: var.get(m[1], ""), rest).split() if not w.startswith("-")]
+        out.append((expr, paths))
+    return out
+
+
+def test_every_pytest_selection_of_the_makefile_selects_tests():
+    """pytest exits 5 when `-m` selects nothing, which fails make (CI's test-slow once did): each selection the
+    Makefile runs picks at least one test (one collection, the marker expressions evaluated as pytest does)."""
+    from _pytest.mark.expression import Expression
+
+    selections = makefile_selections()
+    assert len(selections) >= 2, selections
+    marks = _Marks()
+    assert pytest.main(["--co", "-q", "-p", "no:cacheprovider", str(ROOT / "tests")], plugins=[marks]) == 0
+    empty = []
+    for expr, paths in selections:
+        compiled = Expression.compile(expr)
+        chosen = [f for f, names in marks.items if (not paths or any(f.startswith(p) for p in paths))
+                  and compiled.evaluate(lambda name, names=names, **_: name in names)]
+        if not chosen:
+            empty.append((expr, paths))
+    assert not empty, f"Makefile pytest selections that select no test (pytest exits 5): {empty}"
