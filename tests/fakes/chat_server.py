@@ -23,11 +23,12 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.fakes.loopback import LoopbackServer
 
 Responder = Callable[[dict[str, Any]], str]
 _WORD = re.compile(r"\S+")
@@ -57,8 +58,50 @@ def apply_stop_and_limit(text: str, stop: list[str] | None, max_tokens: int | No
     return text, "stop"
 
 
-class ChatServer:
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    fake: ChatServer  # set on the subclass made per server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        pass
+
+    def _send(self, status: int, headers: dict[str, str], payload: bytes) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timed out)
+            self.close_connection = True
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            error = {"error": {"message": f"no route {self.path}", "type": "not_found", "code": 404}}
+            self._send(404, {}, json.dumps(error).encode())
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError as e:
+            error = {"error": {"message": f"invalid JSON: {e}", "type": "invalid_request_error", "code": 400}}
+            self._send(400, {}, json.dumps(error).encode())
+            return
+        status, headers, payload = self.fake._handle(body, dict(self.headers.items()))
+        self._send(status, headers, payload)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._send(404, {}, json.dumps({"error": {"message": f"no route {self.path}"}}).encode())
+
+
+class ChatServer(LoopbackServer):
     """An OpenAI-compatible chat-completions server on 127.0.0.1 (a free port) in a daemon thread."""
+
+    handler = _Handler
 
     def __init__(
         self,
@@ -76,6 +119,7 @@ class ChatServer:
         hang_share: float = 0.0,
         port: int = 0,
     ):
+        super().__init__(port)
         self.responder = responder or echo
         self.fail_first = fail_first
         self.fail_status = fail_status
@@ -88,7 +132,6 @@ class ChatServer:
         self.fail_share = fail_share
         self.hang_share = hang_share
         self.hung = 0  # requests that hung
-        self._port = port
         self.requests: list[dict[str, Any]] = []  # JSON bodies, in arrival order
         self.headers: list[dict[str, str]] = []  # their headers
         self.calls = 0  # requests received on the chat-completions route
@@ -96,48 +139,11 @@ class ChatServer:
         self.completed = 0  # answered with a chat completion
         self.in_flight = 0
         self.max_in_flight = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._ids = itertools.count(1)
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle --------------------------------------------------------------------------------
-
-    def start(self) -> ChatServer:
-        handler = type("Handler", (_Handler,), {"fake": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self._port), handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, args=(0.02,), name="fake-chat-server", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()  # wakes hanging handlers
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def __enter__(self) -> ChatServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        assert self._httpd is not None, "server not started"
-        return self._httpd.server_address[1]
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.url}/v1"
 
     # -- request handling (called from handler threads) -------------------------------------------
 
@@ -196,42 +202,3 @@ class ChatServer:
 def _picked(index: int, share: float) -> bool:
     """Whether request `index` is one of an evenly spread `share` of all requests."""
     return share > 0 and int((index + 1) * share) > int(index * share)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    fake: ChatServer  # set on the subclass made per server
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
-        pass
-
-    def _send(self, status: int, headers: dict[str, str], payload: bytes) -> None:
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(payload)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timed out)
-            self.close_connection = True
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if self.path.rstrip("/") != "/v1/chat/completions":
-            error = {"error": {"message": f"no route {self.path}", "type": "not_found", "code": 404}}
-            self._send(404, {}, json.dumps(error).encode())
-            return
-        try:
-            body = json.loads(raw or b"{}")
-        except json.JSONDecodeError as e:
-            error = {"error": {"message": f"invalid JSON: {e}", "type": "invalid_request_error", "code": 400}}
-            self._send(400, {}, json.dumps(error).encode())
-            return
-        status, headers, payload = self.fake._handle(body, dict(self.headers.items()))
-        self._send(status, headers, payload)
-
-    def do_GET(self) -> None:  # noqa: N802
-        self._send(404, {}, json.dumps({"error": {"message": f"no route {self.path}"}}).encode())

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import torch
@@ -33,13 +32,48 @@ from transformers import DynamicCache
 from coa.rollout.hf import sample
 from coa.rollout.loop import decode, encode, eos_ids
 from coa.rollout.types import Sampling
+from tests.fakes.loopback import LoopbackServer
 
 
-class CompletionsServer:
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    fake: CompletionsServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        pass
+
+    def _send(self, status: int, payload: bytes) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.rstrip("/") != "/v1/completions":
+            self._send(404, json.dumps({"error": {"message": f"no route {self.path}"}}).encode())
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError as e:
+            self._send(400, json.dumps({"error": {"message": f"invalid JSON: {e}"}}).encode())
+            return
+        status, payload = self.fake._handle(body)
+        self._send(status, payload)
+
+
+class CompletionsServer(LoopbackServer):
     """An OpenAI-compatible completions server on 127.0.0.1 (a free port) in a daemon thread."""
+
+    handler = _Handler
 
     def __init__(self, model: Any, tokenizer: Any, *, fail_first: int = 0, fail_status: int = 500,
                  delay_s: float = 0.0, hang_first: int = 0, hang_s: float = 2.0):
+        super().__init__()
         self.model, self.tokenizer = model.eval(), tokenizer
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         self.fail_first, self.fail_status, self.delay_s = fail_first, fail_status, delay_s
@@ -47,43 +81,11 @@ class CompletionsServer:
         self.requests: list[dict[str, Any]] = []
         self.calls = self.failed = self.completed = 0
         self.in_flight = self.max_in_flight = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._ids = itertools.count(1)
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle --------------------------------------------------------------------------------
-
-    def start(self) -> CompletionsServer:
-        handler = type("Handler", (_Handler,), {"fake": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True,
-                                        name="fake-completions-server")
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def __enter__(self) -> CompletionsServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def base_url(self) -> str:
-        assert self._httpd is not None, "server not started"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        return f"{self.url}/v1"
 
     # -- generation -------------------------------------------------------------------------------
 
@@ -159,34 +161,3 @@ class CompletionsServer:
         finally:
             with self._lock:
                 self.in_flight -= 1
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    fake: CompletionsServer
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
-        pass
-
-    def _send(self, status: int, payload: bytes) -> None:
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path.rstrip("/") != "/v1/completions":
-            self._send(404, json.dumps({"error": {"message": f"no route {self.path}"}}).encode())
-            return
-        try:
-            body = json.loads(raw or b"{}")
-        except json.JSONDecodeError as e:
-            self._send(400, json.dumps({"error": {"message": f"invalid JSON: {e}"}}).encode())
-            return
-        status, payload = self.fake._handle(body)
-        self._send(status, payload)

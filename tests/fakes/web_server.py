@@ -16,12 +16,13 @@ slow handlers, so a test never waits for them.
 from __future__ import annotations
 
 import json
-import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.fakes.loopback import LoopbackServer
 
 
 @dataclass(frozen=True)
@@ -37,47 +38,55 @@ def redirect(location: str, status: int = 302) -> Reply:
     return Reply(status, "text/plain", b"", {"Location": location})
 
 
-class WebServer:
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    fake: WebServer  # set on the subclass made per server
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, reply: Reply) -> None:
+        try:
+            self.send_response(reply.status)
+            for key, value in {"Content-Type": reply.content_type, "Content-Length": str(len(reply.body)),
+                               **reply.headers}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(reply.body)
+        except (BrokenPipeError, ConnectionResetError):  # the client stopped reading (size cap, timeout)
+            self.close_connection = True
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path, _, query = self.path.partition("?")
+        self.fake._record("GET", path, {k.lower(): v for k, v in self.headers.items()}, None)
+        self._send(self.fake._get(path, query))
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.partition("?")[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = raw
+        self.fake._record("POST", path, headers, body)
+        self._send(self.fake._search(headers, raw) if path == "/search" else Reply(404, "text/plain", b"no route"))
+
+
+class WebServer(LoopbackServer):
     """The site and the search API on 127.0.0.1 (a free port) in a daemon thread."""
 
+    handler = _Handler
+
     def __init__(self, api_key: str = "test-key", port: int = 0) -> None:
-        self.api_key, self._port = api_key, port
+        super().__init__(port)
+        self.api_key = api_key
         self.routes: dict[str, Reply | Callable[[str], Reply]] = {}
         self.search: Callable[[str, int], list[dict[str, str]]] = lambda q, num: []
         self.hits: Counter[str] = Counter()
         self.requests: list[tuple[str, str, dict[str, str], Any]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
-
-    def start(self) -> WebServer:
-        handler = type("Handler", (_Handler,), {"web": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self._port), handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, args=(0.02,), name="fake-web", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-
-    def __enter__(self) -> WebServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        assert self._httpd is not None, "server not started"
-        return self._httpd.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def _record(self, method: str, path: str, headers: dict[str, str], body: Any) -> None:
         with self._lock:
@@ -103,39 +112,3 @@ class WebServer:
             return Reply(400, "application/json", b'{"message": "bad request"}')
         answer = {"searchParameters": {"q": q, "num": num}, "organic": self.search(q, num)[:num]}
         return Reply(200, "application/json", json.dumps(answer).encode())
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    web: WebServer  # set on the subclass made per server
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _send(self, reply: Reply) -> None:
-        try:
-            self.send_response(reply.status)
-            for key, value in {"Content-Type": reply.content_type, "Content-Length": str(len(reply.body)),
-                               **reply.headers}.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(reply.body)
-        except (BrokenPipeError, ConnectionResetError):  # the client stopped reading (size cap, timeout)
-            self.close_connection = True
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path, _, query = self.path.partition("?")
-        self.web._record("GET", path, {k.lower(): v for k, v in self.headers.items()}, None)
-        self._send(self.web._get(path, query))
-
-    def do_POST(self) -> None:  # noqa: N802
-        path = self.path.partition("?")[0]
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = raw
-        self.web._record("POST", path, headers, body)
-        self._send(self.web._search(headers, raw) if path == "/search" else Reply(404, "text/plain", b"no route"))

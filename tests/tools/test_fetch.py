@@ -10,7 +10,7 @@ import ssl
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -18,6 +18,7 @@ import coa.tools.fetch as fetch_mod
 from coa.config.sections import CrawlConfig, SummariserConfig
 from coa.tools.fetch import Fetcher, FetchError, Summariser, extract, refusal
 from tests.fakes.chat_server import ChatServer
+from tests.fakes.loopback import QuietServer
 
 ARTICLE = (b"<html><head><title>Orvane Labs - Example Wiki</title></head><body>"
            b"<nav><a href='/'>Home</a> | <a href='/about'>About us</a> | <a href='/shop'>Shop now</a></nav>"
@@ -114,8 +115,7 @@ class Site(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def site():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Site)
-    httpd.daemon_threads = True
+    httpd = QuietServer(("127.0.0.1", 0), Site)
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -359,7 +359,7 @@ def test_https_to_the_checked_address_keeps_sni_host_and_certificate_name(tmp_pa
     server_ctx.load_cert_chain(cert, key)
     names: list[str] = []
     server_ctx.sni_callback = lambda sock, name, ctx: names.append(name)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Site)
+    httpd = QuietServer(("127.0.0.1", 0), Site)
     httpd.socket = server_ctx.wrap_socket(httpd.socket, server_side=True)
     threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
     monkeypatch.setattr(fetch_mod.httpx, "create_ssl_context", lambda: ssl.create_default_context(cafile=cert))
