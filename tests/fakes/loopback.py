@@ -5,20 +5,22 @@
     with MyServer() as server:
         server.url                      # http://127.0.0.1:<port>
 
-`port` 0 picks a free port (a test can bring a dead endpoint back at the same address). `stop()` sets
-`_stop`, which handlers that sleep wait on, so a test never waits for them. A client that hangs up
-mid-request (a size cap, a timeout) is what tests do on purpose: it is not printed as an error.
+`port` 0 picks a free port (a test can bring a dead endpoint back at the same address); `ssl_context` (a
+server-side SSLContext) serves HTTPS. `stop()` sets `_stop`, which handlers that sleep wait on, so a test
+never waits for them. A client that hangs up mid-request (a size cap, a timeout) is what tests do on
+purpose: it is not printed as an error.
 """
 
 from __future__ import annotations
 
+import ssl
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar, Self
 
 
-class QuietServer(ThreadingHTTPServer):
+class _QuietServer(ThreadingHTTPServer):
     """A threading HTTP server that does not print a client's hang-up as an error."""
 
     daemon_threads = True
@@ -31,8 +33,8 @@ class QuietServer(ThreadingHTTPServer):
 class LoopbackServer:
     handler: ClassVar[type[BaseHTTPRequestHandler]]
 
-    def __init__(self, port: int = 0) -> None:
-        self._port = port
+    def __init__(self, port: int = 0, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._port, self._ssl_context = port, ssl_context
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
@@ -41,7 +43,9 @@ class LoopbackServer:
     def start(self) -> Self:
         self._stop.clear()
         handler = type("Handler", (self.handler,), {"fake": self})
-        self._httpd = QuietServer(("127.0.0.1", self._port), handler)
+        self._httpd = _QuietServer(("127.0.0.1", self._port), handler)
+        if self._ssl_context is not None:  # HTTPS
+            self._httpd.socket = self._ssl_context.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True,
                                         name=f"fake-{type(self).__name__}")
         self._thread.start()
@@ -70,4 +74,4 @@ class LoopbackServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self._ssl_context else 'http'}://127.0.0.1:{self.port}"

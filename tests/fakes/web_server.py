@@ -80,8 +80,8 @@ class WebServer(LoopbackServer):
 
     handler = _Handler
 
-    def __init__(self, api_key: str = "test-key", port: int = 0) -> None:
-        super().__init__(port)
+    def __init__(self, api_key: str = "test-key", port: int = 0, ssl_context: Any = None) -> None:
+        super().__init__(port, ssl_context)
         self.api_key = api_key
         self.routes: dict[str, Reply | Callable[[str], Reply]] = {}
         self.search: Callable[[str, int], list[dict[str, str]]] = lambda q, num: []

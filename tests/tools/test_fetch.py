@@ -9,8 +9,6 @@ import socket
 import ssl
 import threading
 import time
-from collections import Counter
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -18,7 +16,7 @@ import coa.tools.fetch as fetch_mod
 from coa.config.sections import CrawlConfig, SummariserConfig
 from coa.tools.fetch import Fetcher, FetchError, Summariser, extract, refusal
 from tests.fakes.chat_server import ChatServer
-from tests.fakes.loopback import QuietServer
+from tests.fakes.web_server import Reply, WebServer, redirect
 
 ARTICLE = (b"<html><head><title>Orvane Labs - Example Wiki</title></head><body>"
            b"<nav><a href='/'>Home</a> | <a href='/about'>About us</a> | <a href='/shop'>Shop now</a></nav>"
@@ -51,77 +49,52 @@ def tiny_pdf(text: str) -> bytes:
     return out + xref + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n" % (len(objects) + 1, len(out)) + b"%%EOF\n"
 
 
-class Site(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    hits: Counter = Counter()
-    hosts: list[str] = []
-    in_flight = [0, 0]  # now, most
+def serve_site(web: WebServer) -> WebServer:
+    """The test site's pages on `web`; `web.in_flight` counts /busy requests being answered (now, most)."""
+    web.in_flight = [0, 0]
     lock = threading.Lock()
-    stop = threading.Event()
 
-    def log_message(self, *args: object) -> None:
-        pass
+    def busy(query: str) -> Reply:
+        with lock:
+            web.in_flight[0] += 1
+            web.in_flight[1] = max(web.in_flight)
+        time.sleep(0.2)
+        with lock:
+            web.in_flight[0] -= 1
+        return Reply(content_type="text/plain", body=b"done")
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path, _, query = self.path.partition("?")
-        with self.lock:
-            self.hits[path] += 1
-            self.hosts.append(self.headers["Host"])
-            hits = self.hits[path]
-        status, ctype, body, headers = 200, "text/html; charset=utf-8", b"", {}
-        if path == "/article" or path == "/private/page":
-            body = ARTICLE
-        elif path == "/robots.txt":
-            ctype, body = "text/plain", ROBOTS
-        elif path.startswith("/hop/"):  # /hop/3 -> /hop/2 -> ... -> /hop/0 -> /article
-            n = int(path.rsplit("/", 1)[1])
-            status, headers = 302, {"Location": f"/hop/{n - 1}" if n else "/article"}
-        elif path == "/to":
-            status, headers = 301, {"Location": query}
-        elif path == "/big":
-            ctype, body = "text/plain", b"x" * 100_000
-        elif path == "/slow":
-            self.stop.wait(3)
-            body = ARTICLE
-        elif path == "/busy":
-            with self.lock:
-                self.in_flight[0] += 1
-                self.in_flight[1] = max(self.in_flight)
-            self.stop.wait(0.2)
-            with self.lock:
-                self.in_flight[0] -= 1
-            ctype, body = "text/plain", b"done"
-        elif path == "/plain":
-            ctype, body = "text/plain; charset=iso-8859-1", "Caf\u00e9 menu: soup, bread.".encode("latin-1")
-        elif path == "/doc.pdf":
-            ctype, body = "application/pdf", tiny_pdf("Marta Kellon founded Orvane Labs in 1952.")
-        elif path == "/flaky":
-            status, ctype, body = (503, "text/plain", b"busy") if hits == 1 else (200, "text/plain", b"ok now")
-        elif path == "/down":
-            status, ctype, body = 503, "text/plain", b"busy"
-        elif path == "/blob":
-            ctype, body = "application/octet-stream", b"\x00\x01"
-        else:
-            status, ctype, body = 404, "text/plain", b"no such page"
-        try:
-            self.send_response(status)
-            for key, value in {"Content-Type": ctype, "Content-Length": str(len(body)), **headers}.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):  # the client stopped reading (size cap, timeout)
-            self.close_connection = True
+    web.routes.update({
+        "/article": Reply(body=ARTICLE), "/private/page": Reply(body=ARTICLE),
+        "/robots.txt": Reply(content_type="text/plain", body=ROBOTS),
+        **{f"/hop/{n}": redirect(f"/hop/{n - 1}" if n else "/article") for n in range(8)},  # /hop/3 -> ... -> /article
+        "/to": lambda query: redirect(query, 301),
+        "/big": Reply(content_type="text/plain", body=b"x" * 100_000),
+        "/slow": Reply(body=ARTICLE, delay_s=3.0),
+        "/busy": busy,
+        "/plain": Reply(content_type="text/plain; charset=iso-8859-1", body="Caf\u00e9 menu: soup, bread.".encode("latin-1")),
+        "/doc.pdf": Reply(content_type="application/pdf", body=tiny_pdf("Marta Kellon founded Orvane Labs in 1952.")),
+        "/flaky": lambda query: (Reply(503, "text/plain", b"busy") if web.hits["/flaky"] == 1
+                                 else Reply(200, "text/plain", b"ok now")),
+        "/down": Reply(503, "text/plain", b"busy"),
+        "/blob": Reply(content_type="application/octet-stream", body=b"\x00\x01"),
+    })
+    return web
+
+
+def last_host(web: WebServer) -> str:
+    """The Host header of the last request `web` answered."""
+    return web.requests[-1][2]["host"]
 
 
 @pytest.fixture(scope="module")
-def site():
-    httpd = QuietServer(("127.0.0.1", 0), Site)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    Site.stop.set()
-    httpd.shutdown()
-    httpd.server_close()
+def web():
+    with serve_site(WebServer()) as server:
+        yield server
+
+
+@pytest.fixture
+def site(web):
+    return web.url
 
 
 @pytest.fixture(autouse=True)
@@ -216,7 +189,7 @@ def test_address_classes():
     assert [refusal(a) for a in ("93.184.216.34", "2606:4700::1111", "::ffff:8.8.8.8")] == [None, None, None]
 
 
-def test_the_connection_goes_to_the_checked_address_with_the_host_name_kept(site, monkeypatch):
+def test_the_connection_goes_to_the_checked_address_with_the_host_name_kept(site, web, monkeypatch):
     """A name is resolved once, by the guard; the socket goes to that address, the Host header keeps the name."""
     port = site.rsplit(":", 1)[1]
     answers = iter(["127.0.0.1"])  # a second lookup (rebinding) would get 10.0.0.6
@@ -228,7 +201,7 @@ def test_the_connection_goes_to_the_checked_address_with_the_host_name_kept(site
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers, "10.0.0.6"), port))]
 
     page = Fetcher(crawl(allow_hosts=[], robots_txt="ignore"), rebinding).fetch(f"http://split.test:{port}/article")
-    assert "Tesk" in page.text and lookups == ["split.test"] and Site.hosts[-1] == f"split.test:{port}"
+    assert "Tesk" in page.text and lookups == ["split.test"] and last_host(web) == f"split.test:{port}"
 
 
 def test_an_oversized_page_is_capped(site):
@@ -252,7 +225,7 @@ def test_plain_text_and_pdf(site):
     assert extract(b"hello", "", "http://x/") == ("", "hello")
 
 
-def test_429_and_5xx_are_retried_with_backoff_4xx_not(site):
+def test_429_and_5xx_are_retried_with_backoff_4xx_not(site, web):
     sleeps: list[float] = []
     assert fetcher(sleeps).fetch(f"{site}/flaky").text == "ok now" and len(sleeps) == 1 and sleeps[0] < 0.1
     sleeps.clear()
@@ -261,7 +234,7 @@ def test_429_and_5xx_are_retried_with_backoff_4xx_not(site):
     assert len(sleeps) == 2 and sleeps[1] > sleeps[0] * 1.3  # exponential (jitter adds at most half)
     with pytest.raises(FetchError, match="^HTTP 404$"):
         fetcher(sleeps).fetch(f"{site}/missing")
-    assert Site.hits["/missing"] == 1
+    assert web.hits["/missing"] == 1
 
 
 def test_a_dead_host_is_retried_then_reported():
@@ -274,25 +247,25 @@ def test_a_dead_host_is_retried_then_reported():
     assert len(sleeps) == 2
 
 
-def test_robots_txt(site):
+def test_robots_txt(site, web):
     with pytest.raises(FetchError, match=r"^robots.txt disallows .*/private/page for coa-test/1.0$"):
         fetcher().fetch(f"{site}/private/page")
     assert "Tesk" in fetcher(robots_txt="ignore").fetch(f"{site}/private/page").text
-    robots = Site.hits["/robots.txt"]
+    robots = web.hits["/robots.txt"]
     shared = fetcher()
     shared.fetch(f"{site}/article")
     shared.fetch(f"{site}/plain")
-    assert Site.hits["/robots.txt"] == robots + 1  # once per origin
+    assert web.hits["/robots.txt"] == robots + 1  # once per origin
 
 
-def test_concurrency_is_capped_across_threads(site):
+def test_concurrency_is_capped_across_threads(site, web):
     shared = fetcher(max_concurrency=2)
     threads = [threading.Thread(target=shared.fetch, args=(f"{site}/busy",)) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert Site.hits["/busy"] == 6 and Site.in_flight[1] == 2
+    assert web.hits["/busy"] == 6 and web.in_flight[1] == 2
 
 
 def summariser_cfg(base_url: str, **over) -> SummariserConfig:
@@ -359,17 +332,12 @@ def test_https_to_the_checked_address_keeps_sni_host_and_certificate_name(tmp_pa
     server_ctx.load_cert_chain(cert, key)
     names: list[str] = []
     server_ctx.sni_callback = lambda sock, name, ctx: names.append(name)
-    httpd = QuietServer(("127.0.0.1", 0), Site)
-    httpd.socket = server_ctx.wrap_socket(httpd.socket, server_side=True)
-    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
     monkeypatch.setattr(fetch_mod.httpx, "create_ssl_context", lambda: ssl.create_default_context(cafile=cert))
     monkeypatch.setattr(fetch_mod, "refusal", lambda a: None if a == "127.0.0.1" else "a private address")
-    port = httpd.server_address[1]
-    try:
+    with serve_site(WebServer(ssl_context=server_ctx)) as web:
+        port = web.port
         page = Fetcher(crawl(allow_hosts=[], robots_txt="ignore"),
                        lambda h, p, **k: [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", p))]
                        ).fetch(f"https://site.test:{port}/plain")
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-    assert page.text.startswith("Caf") and names == ["site.test"] and Site.hosts[-1] == f"site.test:{port}"
+        host = last_host(web)
+    assert page.text.startswith("Caf") and names == ["site.test"] and host == f"site.test:{port}"
