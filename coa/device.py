@@ -73,6 +73,16 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def release_gpu_cache() -> None:
+    """Return this process's cached, unused CUDA memory to the device (torch's caching allocator keeps what an
+    update freed): before a colocated vLLM engine maps its weights and KV cache back. Nothing on a CPU."""
+    if torch.cuda.is_available():
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def cpu_capability() -> str:
     """torch's CPU kernel level (AVX2, AVX512, ...), quoted with every timing."""
     return torch.backends.cpu.get_cpu_capability()

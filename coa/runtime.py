@@ -51,7 +51,8 @@ def vllm_options(cfg: Any) -> dict[str, Any]:
     v = cfg.vllm
     options: dict[str, Any] = {"gpu_memory_utilization": v.gpu_memory_utilization,
                                "tensor_parallel_size": v.tensor_parallel_size, "enforce_eager": v.enforce_eager,
-                               "sleep": v.sleep, "cpu_kv_cache_gb": v.cpu_kv_cache_gb, "max_num_seqs": cfg.max_batch}
+                               "sleep": v.sleep, "cpu_kv_cache_gb": v.cpu_kv_cache_gb, "max_num_seqs": cfg.max_batch,
+                               "weight_sync": v.weight_sync}
     if v.max_model_len:
         options["max_model_len"] = v.max_model_len
     return options

@@ -20,8 +20,14 @@ class VllmConfig:
         "GPUs one engine spans: in rl one engine per group of this many consecutive ranks, on their devices (it "
         "must divide the ranks); elsewhere the GPUs of the one engine.", default=1)
     sleep: bool = _help(
-        "rl: the engine sleeps during every update (its weights and KV cache released from the GPU, vLLM's sleep "
-        "mode level 1) and wakes for the rollouts; CUDA only.", default=False)
+        "rl: the engine sleeps during every update (vLLM's sleep mode level 2: its KV cache and weights released "
+        "from the GPU, the weights discarded since the sync rewrites them) and wakes for the sync and the "
+        "rollouts; CUDA only.", default=False)
+    weight_sync: Literal["auto", "ipc", "bytes"] = _help(
+        "rl: how the trained weights reach the engine after each update: ipc = CUDA IPC handles of buckets on the "
+        "trainer ranks' GPUs (nothing crosses host memory; every GPU of the engine needs a rank of the launch on "
+        "it), bytes = through host memory (vLLM's CPU build); auto = ipc where the weights are on a GPU.",
+        default="auto")
     max_model_len: int = _help("Longest prompt + trajectory in tokens (0 = the model's own limit).", default=0)
     enforce_eager: bool = _help("No CUDA graphs (less memory, slower decode).", default=False)
     cpu_kv_cache_gb: int = _help("vLLM's CPU build: its KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE).", default=1)

@@ -364,10 +364,16 @@ class DeepSpeedConfig:
     processes: int = _help(
         "Ranks the stage launches itself (torch.distributed.run on this node) when it is not started under a "
         "launcher, so `dvc repro` runs it as it is: 0 = one per visible GPU (one process on a CPU).", default=0)
+    timeout_minutes: int = _help(
+        "Every process group's timeout (NCCL's and the gloo groups' that carry objects and barriers): how long a "
+        "rank waits in a collective before the run fails. In rl the ranks wait while a step's rollouts run, so it "
+        "must exceed the longest step's rollouts (a paper step: 512 web trajectories of up to 25 turns); "
+        "DeepSpeed's own default is 10 minutes.", default=180)
 
     def __post_init__(self) -> None:
         _require(self.zero_stage in (1, 2, 3), "zero_stage", "must be 1, 2 or 3")
         _require(self.processes >= 0, "processes", "must be >= 0 (0 = one per visible GPU)")
+        _require(self.timeout_minutes >= 1, "timeout_minutes", "must be >= 1 (minutes)")
 
 
 @dataclass(frozen=True)

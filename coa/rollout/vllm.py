@@ -2,7 +2,7 @@
 
     engine = VLLMEngine("models/sft", gpu_memory_utilization=0.4, max_model_len=8192)
     rollouts = engine.rollout(requests, Sampling(temperature=1.0, seed=0), Limits(), tools=factory)
-    engine.sleep(); ...the update...; engine.sync(chunks); engine.wake_up()      # rl, with sleep mode
+    engine.sleep(); ...the update...; engine.wake_up(["weights"]); engine.sync(chunks); engine.wake_up()  # rl
     engine.close()
 
 vLLM's ``AsyncLLM`` runs in its default multiprocess layout (the engine core and its workers in their own
@@ -15,11 +15,14 @@ batches whatever turns are waiting at each of its steps, so a slow tool holds up
 called it (verl's agent loop, slime's and AReaL's rollouts work the same way); prefix caching makes each next
 turn's re-read of the shared context cheap.
 
-Weights reach the engine by method name through a worker extension (coa.rollout.vllm_worker.WeightSync):
-module by module into vLLM's in-place layer-wise reload, each layer post-processed for its kernels once whole,
-never a full copy on one worker. With ``sleep`` (vLLM's sleep mode, CUDA only) the engine releases its
-weights and KV cache while the trainer updates; ``wake_up`` brings the weights back first, the sync writes
-them, then the KV cache returns (verl's order). The log-probs are of the temperature-scaled distribution
+Weights reach the engine by method name through a worker extension (coa.rollout.vllm_worker.WeightSync): in
+buckets (coa.rollout.weights: bytes through host memory on vLLM's CPU build, a CUDA IPC handle of a bucket on
+the trainer's GPU on CUDA) into vLLM's in-place layer-wise reload, each layer post-processed for its kernels
+once whole, never a full copy on one worker. With ``sleep`` (vLLM's sleep mode, CUDA only) the engine releases
+its GPU memory while the trainer updates, at level 2: its weights are discarded, not copied to host memory,
+since the next sync rewrites every one of them (verl's hybrid engine sleeps so); ``wake_up(["weights"])`` maps
+them back, the sync writes them, then the KV cache returns (verl's order; the trainer empties its CUDA cache
+before each, coa.train.dapo.loop). The log-probs are of the temperature-scaled distribution
 (``logprobs_mode="processed_logprobs"``), as the hf engine's.
 
 vLLM is imported lazily: it lives in its own environment (`make vllm`, docs/scale.md), which the stages
@@ -33,13 +36,13 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from coa.rollout.loop import StopSet, Trajectory, eos_ids, request_seed, vocab_texts
 from coa.rollout.types import FINISH_EOS, Limits, Request, Rollout, Sampling, ToolsFactory
-from coa.rollout.vllm_worker import pack
+from coa.rollout.weights import send_weights, transfer_for
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +65,16 @@ class VLLMEngine:
 
     model_path: a local HF model folder; dtype: "auto", "float32", "bfloat16", ...; seed: the engine's seed;
     tool_workers: threads running tools; sleep: enable vLLM's sleep mode (CUDA); cpu_kv_cache_gb: the CPU
-    build's KV cache (VLLM_CPU_KVCACHE_SPACE, read when the engine starts); engine_kwargs: passed on to
-    ``vllm.AsyncEngineArgs`` (gpu_memory_utilization, max_model_len, tensor_parallel_size, enforce_eager...).
+    build's KV cache (VLLM_CPU_KVCACHE_SPACE, read when the engine starts); weight_sync: how ``sync`` carries
+    the weights (auto: CUDA IPC for weights on a GPU, bytes otherwise; coa.rollout.weights); engine_kwargs:
+    passed on to ``vllm.AsyncEngineArgs`` (gpu_memory_utilization, max_model_len, tensor_parallel_size...).
     """
+
+    SLEEP_LEVEL = 2  # weights discarded, not offloaded: the sync after every update rewrites them all
 
     def __init__(self, model_path: str, *, dtype: str = "auto", seed: int = 0, tool_workers: int = 32,
                  enable_prefix_caching: bool = True, sleep: bool = False, cpu_kv_cache_gb: int | None = None,
-                 **engine_kwargs: Any):
+                 weight_sync: str = "auto", **engine_kwargs: Any):
         _import_vllm()
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -90,6 +96,7 @@ class VLLMEngine:
         self.llm = self._run(_make(AsyncLLM, args))
         self.sleeping = False
         self.sleep_enabled = sleep
+        self.weight_sync = weight_sync
         self.tokenizer = self.llm.get_tokenizer()
         self.tool_workers = tool_workers
         try:
@@ -152,32 +159,51 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ weights, sleep, lifetime
 
-    def sync(self, model: Any) -> None:
-        """Load new weights into the engine and drop the prefix cache computed with the old ones.
+    def sync(self, model: Any, group: Any = None) -> int:
+        """Load new weights into the engine and drop the prefix cache computed with the old ones; the bytes sent.
 
         ``model``: a transformers model of the same architecture (its state dict goes in module-sized chunks) or
         chunks of (name, tensor), as coa.train.zero.module_weights yields them (ZeRO-3's shards gathered one
-        module at a time). Each chunk is copied to the CPU and sent by method name to every worker, which
-        streams it into vLLM's layer-wise reload (coa.rollout.vllm_worker); a parameter no chunk wrote raises."""
-        chunks = _state_chunks(model) if hasattr(model, "state_dict") else model
+        module at a time). Buckets of them reach every worker (coa.rollout.weights: bytes, or CUDA IPC handles
+        where the tensors are on a GPU), which stream them into vLLM's layer-wise reload
+        (coa.rollout.vllm_worker); a parameter no bucket wrote raises. ``group``: the ranks of a tensor-parallel
+        engine's group, which lend their GPUs' handles (coa.rollout.weights.send_weights; the other ranks call
+        that with no engine)."""
+        chunks = _state_chunks(model) if hasattr(model, "state_dict") else iter(model)
+        first = next(chunks, None)
+        if first is None:
+            raise ValueError("vLLM weight sync: no weights to send")
+        transfer = transfer_for(self.weight_sync, first[0][1].device)
+        sent = send_weights(self, _chain(first, chunks), transfer=transfer, group=group)
+        self._run(self.llm.reset_prefix_cache())
+        return sent
+
+    def begin_weights(self) -> None:
+        """Arm every worker's layer-wise reload (send_weights calls it before the first bucket)."""
         self._run(self.llm.collective_rpc("coa_begin_weights"))
-        for chunk in chunks:
-            names = [name for name, _ in chunk]
-            self._run(self.llm.collective_rpc("coa_load_weights", args=(names, [pack(t) for _, t in chunk])))
+
+    def load_bucket(self, metas: list[list[Any]], payload: Any) -> None:
+        """One bucket (coa.rollout.weights) into every worker."""
+        self._run(self.llm.collective_rpc("coa_load_bucket", args=(metas, payload)))
+
+    def end_weights(self) -> None:
+        """Finish every worker's reload; an error naming the parameters no bucket wrote."""
         missing = self._run(self.llm.collective_rpc("coa_end_weights"))
         if any(missing):
             raise RuntimeError(f"vLLM weight sync: the engine's parameters {missing[0][:8]} got no weights; the "
                                "trained model's names do not map onto the engine's model")
-        self._run(self.llm.reset_prefix_cache())
 
     def weight_checksum(self) -> float:
         """The sum of the engine's parameters on its first worker (tests: a sync reached it)."""
         return float(self._run(self.llm.collective_rpc("coa_weight_checksum"))[0])
 
     def sleep(self) -> None:
-        """Release the engine's weights and KV cache from the GPU (vLLM sleep mode level 1) for the update."""
+        """Release the engine's weights and KV cache from the GPU for the update (vLLM's sleep mode at
+        ``SLEEP_LEVEL`` 2: the weights discarded, not copied to pinned host memory, since the sync that follows
+        every update rewrites each of them; the model's buffers vLLM keeps). Only with ``sleep``: the next
+        ``wake_up(["weights"])`` must be followed by a ``sync`` before any rollout."""
         if self.sleep_enabled and not self.sleeping:
-            self._run(self.llm.sleep(level=1))
+            self._run(self.llm.sleep(level=self.SLEEP_LEVEL))
             self.sleeping = True
 
     def wake_up(self, tags: Iterable[str] | None = None) -> None:
@@ -210,7 +236,12 @@ async def _make(factory: Any, args: Any) -> Any:
     return factory.from_engine_args(args)
 
 
-def _state_chunks(model: Any) -> Iterable[list[tuple[str, Any]]]:
+def _chain(first: Any, rest: Iterable[Any]) -> Iterable[Any]:
+    yield first
+    yield from rest
+
+
+def _state_chunks(model: Any) -> Iterator[list[tuple[str, Any]]]:
     """A model's state dict in chunks of one module's tensors (by the name up to its last dot)."""
     chunk: list[tuple[str, Any]] = []
     owner = None

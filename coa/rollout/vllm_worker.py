@@ -2,45 +2,46 @@
 
     LLM(..., worker_extension_cls="coa.rollout.vllm_worker.WeightSync")
     llm.collective_rpc("coa_begin_weights")
-    for chunk in chunks:                                  # (name, tensor) pairs, one module at a time
-        llm.collective_rpc("coa_load_weights", args=(names, [pack(t) for t in tensors]))
-    llm.collective_rpc("coa_end_weights")                 # post-load processing, then the load is checked
+    for bucket in buckets:                      # coa.rollout.weights: (name, tensor) pairs packed into one buffer
+        llm.collective_rpc("coa_load_bucket", args=(metas, payload))   # payload: its bytes, or {GPU UUID: IPC handle}
+    llm.collective_rpc("coa_end_weights")       # post-load processing, then the load is checked
 
 vLLM injects the class into its worker class, so every worker (one per tensor-parallel rank) has these
-methods, and ``collective_rpc`` sends only a method name and tensors, which vLLM's msgpack transport carries
-(no pickled function, so ``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off and vLLM's multiprocessing on).
-The load streams into vLLM's in-place layer-by-layer reload (``vllm.model_executor.model_loader.reload``):
-``coa_begin_weights`` arms it, each chunk goes through the model's own ``load_weights`` (which maps Hugging
-Face names onto vLLM's fused, tensor-parallel-sharded parameters), and a layer is processed for its kernels
-(the CPU build repacks its weights; quantised layers re-quantise) as soon as all its weights have arrived;
-``coa_end_weights`` finishes the rest and checks that every parameter was written. No worker ever holds a
-second full copy of the model. Imports vLLM: it runs only inside vLLM's workers.
+methods, and ``collective_rpc`` sends only a method name and plain values (the bucket's metas, its bytes or
+CUDA IPC handles of it: coa.rollout.weights), which vLLM's msgpack transport carries (no pickled function, so
+``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off and vLLM's multiprocessing on). The load streams into vLLM's
+in-place layer-by-layer reload (``vllm.model_executor.model_loader.reload``): ``coa_begin_weights`` arms it,
+each bucket goes through the model's own ``load_weights`` (which maps Hugging Face names onto vLLM's fused,
+tensor-parallel-sharded parameters), and a layer is processed for its kernels (the CPU build repacks its
+weights; quantised layers re-quantise) as soon as all its weights have arrived; ``coa_end_weights`` finishes
+the rest and checks that every parameter was written (vLLM's reload only warns). No worker ever holds a
+second full copy of the model: a bucket at a time. Imports vLLM: it runs only inside vLLM's workers.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-
-def pack(tensor: Any) -> list[Any]:
-    """A CPU tensor as [dtype name, shape, raw bytes]: plain msgpack types, so vLLM's transport carries it
-    between its processes as it is (its own tensor encoding is decoded only where a signature names a tensor)."""
-    t = tensor.detach().to("cpu").contiguous()
-    return [str(t.dtype).removeprefix("torch."), list(t.shape), t.view(-1).view(_uint8()).numpy().tobytes()]
+from coa.rollout.weights import gpu_uuid, open_ipc, unpack
 
 
-def unpack(packed: list[Any]) -> Any:
-    """The tensor ``pack`` made (a fresh CPU tensor)."""
+def bucket_tensor(payload: bytes | dict[str, Any]) -> Any:
+    """A bucket's flat uint8 tensor, owned by this process: from its bytes, or copied on this worker's GPU
+    from the IPC handle of that GPU (the layer-wise reload keeps the tensors until their layer is whole, and
+    the trainer frees its bucket after this call)."""
     import torch
 
-    dtype, shape, data = packed
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
-
-
-def _uint8() -> Any:
-    import torch
-
-    return torch.uint8
+    if isinstance(payload, (bytes, bytearray)):
+        return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    uuid = gpu_uuid()
+    if uuid not in payload:
+        raise RuntimeError(f"vLLM weight sync: no IPC handle for this worker's GPU {uuid} (got {sorted(payload)}): "
+                           "each GPU of the engine needs a trainer rank on it (rl.engine.vllm.weight_sync: bytes "
+                           "works without)")
+    shared = open_ipc(payload[uuid], torch.cuda.current_device())
+    flat = shared.clone()
+    del shared
+    return flat
 
 
 class WeightSync:
@@ -52,16 +53,16 @@ class WeightSync:
         initialize_layerwise_reload(self.model_runner.get_model())
         self._coa_loaded: set[str] = set()
 
-    def coa_load_weights(self, names: list[str], packed: list[list[Any]]) -> int:
-        """Load one chunk (tensors as ``pack`` made them) through the model's own loader; returns how many
-        tensors it took."""
+    def coa_load_bucket(self, metas: list[list[Any]], payload: bytes | dict[str, Any]) -> int:
+        """Load one bucket (coa.rollout.weights.pack's metas; its bytes or {GPU UUID: IPC handle}) through the
+        model's own loader; returns how many tensors it took."""
         from vllm.config import set_current_vllm_config
 
-        weights = [(name, unpack(p)) for name, p in zip(names, packed, strict=True)]
+        weights = unpack(bucket_tensor(payload), metas)
         with set_current_vllm_config(self.vllm_config):
             loaded = self.model_runner.get_model().load_weights(iter(weights))
         self._coa_loaded |= set(loaded or ())
-        return len(names)
+        return len(metas)
 
     def coa_end_weights(self) -> list[str]:
         """Post-load processing of what is left; the engine's parameters that no chunk wrote (empty: all)."""

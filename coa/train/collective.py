@@ -1,7 +1,9 @@
 """Collectives across ranks, each with its tensor on the device the process group's backend needs.
 
+    set_timeout(180)                                         # minutes, every group's (coa.train.zero does it)
     values = reduce_values([loss_sum, n_tokens], "sum")     # summed over ranks (float64), a list back
     items = gather_objects(local_items)                      # every rank's list, concatenated in rank order
+    barrier()                                                # every rank here (on the CPU side group)
 
 NCCL takes CUDA tensors only, gloo CPU tensors (and CUDA ones, by copying): ``placement()`` says where a
 collective's tensor goes for the backend of the default group (NCCL: this rank's current CUDA device; gloo
@@ -9,10 +11,16 @@ and any backend that declares the CPU: the CPU; a registered backend that does n
 declares). Every reduction of coa.train goes through ``reduce_values`` (tests/train/test_collective.py
 records what an NCCL-shaped backend receives, with no GPU). One process (no group, or world size 1): the
 values come back untouched.
+
+Objects and barriers go over a gloo group of the same ranks (``cpu_group``), never NCCL: ranks that wait there
+while another rolls out a step (an hour of a paper step's web trajectories) wait on the CPU, under the timeout
+the process groups were made with (``set_timeout``, from `<stage>.deepspeed.timeout_minutes`: DeepSpeed's default is 10 minutes), not
+under NCCL's watchdog, and a pickled object never travels through GPU memory.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +28,41 @@ import torch
 import torch.distributed as dist
 
 _OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
+_TIMEOUT: datetime.timedelta | None = None  # every process group's, set by init_distributed
+_GROUPS: dict[tuple[int, ...], Any] = {}  # the gloo groups made so far, by their ranks
+
+
+def timeout() -> datetime.timedelta | None:
+    """The timeout init_distributed gave the process groups (None before it)."""
+    return _TIMEOUT
+
+
+def set_timeout(minutes: float) -> datetime.timedelta:
+    """Every process group's timeout from here on (coa.train.zero.init_distributed passes it to the default
+    group; the gloo groups made here get it too)."""
+    global _TIMEOUT
+    _TIMEOUT = datetime.timedelta(minutes=minutes)
+    return _TIMEOUT
+
+
+def cpu_group(ranks: Sequence[int] | None = None) -> Any:
+    """A gloo group of ``ranks`` (default: every rank) under the process groups' timeout: the default group
+    itself where it is gloo and spans them, else one made once (every rank of the world must ask for the same
+    groups in the same order, as torch.distributed.new_group requires)."""
+    world = dist.get_world_size()
+    key = tuple(range(world) if ranks is None else sorted(ranks))
+    if key == tuple(range(world)) and str(dist.get_backend()).lower() == "gloo":
+        return dist.group.WORLD  # the default group
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(list(key), backend="gloo", timeout=_TIMEOUT)
+    return _GROUPS[key]
+
+
+def barrier(group: Any = None) -> None:
+    """Every rank of ``group`` (a cpu_group; default every rank, on the CPU) reaches this line; nothing on one
+    process."""
+    if active():
+        dist.barrier(group=cpu_group() if group is None else group)
 
 
 def active() -> bool:
@@ -58,12 +101,13 @@ def reduce_values(values: Sequence[float], op: str = "sum") -> list[float]:
     return t.cpu().tolist()
 
 
-def gather_objects(items: Sequence[Any]) -> list[Any]:
-    """Every rank's ``items`` (picklable), concatenated in rank order; the list itself on one process.
-    torch pickles them into tensors on the backend's device itself (NCCL: the current CUDA device, which the
-    launcher's rank must have set: coa.train.zero sets it)."""
+def gather_objects(items: Sequence[Any], group: Any = None) -> list[Any]:
+    """Every rank's ``items`` (picklable) of ``group`` (a cpu_group; default every rank), concatenated in rank
+    order; the list itself on one process. Over gloo: a rank waiting here for another's rollouts waits on the
+    CPU under the groups' timeout."""
     if not active():
         return list(items)
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, list(items))
+    group = cpu_group() if group is None else group
+    parts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, list(items), group=group)
     return [x for part in parts for x in part]

@@ -27,6 +27,7 @@ import torch
 
 from coa.config import DeepSpeedConfig
 from coa.device import default_device, resolve_dtype
+from coa.train import collective
 
 
 def require_deepspeed(section: str) -> None:
@@ -49,6 +50,16 @@ def _dist_env() -> None:
         port = s.getsockname()[1]
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+
+
+def init_distributed(ds: DeepSpeedConfig) -> None:
+    """The default process group (DeepSpeed's communication layer over torch.distributed, ``ds.dist_backend``)
+    with ``ds.timeout_minutes`` for every collective, the gloo side groups of coa.train.collective included;
+    a launcher's variables filled in for one process when absent. Idempotent: a second call changes nothing."""
+    _dist_env()
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=ds.dist_backend, timeout=collective.set_timeout(ds.timeout_minutes))
 
 
 def deepspeed_config(ds: DeepSpeedConfig, world: int, *, dtype: str, grad_clip: float, micro_batch: int = 1,
@@ -84,11 +95,9 @@ def zero3_loading(ds: DeepSpeedConfig, section: str, **settings: Any) -> Any:
     if not (ds.enabled and ds.zero_stage == 3):
         return None
     require_deepspeed(section)
-    _dist_env()
-    import deepspeed
+    init_distributed(ds)
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
-    deepspeed.init_distributed(dist_backend=ds.dist_backend)
     return HfDeepSpeedConfig(deepspeed_config(ds, torch.distributed.get_world_size(), **settings))
 
 
@@ -97,10 +106,9 @@ def deepspeed_init(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ds:
     """(DeepSpeed engine, its LR scheduler) around ``model`` and ``optimizer`` (DeepSpeed's CPUAdam when
     ``ds.offload_optimizer``); the scheduler, stepped by DeepSpeed with the optimizer, is None without
     ``lr_lambda``. ``settings``: as for ``deepspeed_config``."""
-    _dist_env()
+    init_distributed(ds)
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend=ds.dist_backend)
     world = torch.distributed.get_world_size()
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda) if lr_lambda is not None else None
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
@@ -114,10 +122,9 @@ def deepspeed_inference(model: torch.nn.Module, ds: DeepSpeedConfig, **settings:
     partitioned over the ranks (a model loaded under ``zero3_loading`` already is; any other is partitioned by
     DeepSpeed) and each forward gathers one module at a time, as the policy's engine does: every rank must run
     the same forwards (a collective). ``settings``: as for ``deepspeed_config``."""
-    _dist_env()
+    init_distributed(ds)
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend=ds.dist_backend)
     model.requires_grad_(False)
     engine, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(ds, torch.distributed.get_world_size(),
                                                                                 **settings))

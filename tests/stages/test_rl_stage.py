@@ -49,7 +49,7 @@ def write_inputs(root: Path) -> None:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     merge(params, yaml.safe_load((ROOT / "configs/paper.yaml").read_text()))
     assert params["rl"]["deepspeed"] == {"enabled": True, "zero_stage": 3, "dist_backend": "nccl",
-                                         "offload_optimizer": False}
+                                         "offload_optimizer": False, "timeout_minutes": 240}
     (root / "params.yaml").write_text(yaml.safe_dump(merge(params, SHRINK)))
 
 
@@ -79,7 +79,7 @@ def test_paper_preset_rl_runs_on_two_gloo_ranks(tmp_path):
     assert [p["step"] for p in plot] == [1, 2] and sum(p["groups_kept"] for p in plot) > 0  # an update happened
     resolved = json.loads((tmp_path / "models/rl" / M.RESOLVED_CONFIG).read_text())
     assert resolved["rl"]["deepspeed"] == {"enabled": True, "zero_stage": 3, "dist_backend": "gloo",
-                                           "offload_optimizer": False, "processes": 0}
+                                           "offload_optimizer": False, "processes": 0, "timeout_minutes": 240}
     trained = (tmp_path / "models/rl/model.safetensors").read_bytes()
     assert trained != (tmp_path / "models/sft/model.safetensors").read_bytes()
     assert not (tmp_path / ".cache/rl").exists()

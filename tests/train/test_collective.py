@@ -65,6 +65,49 @@ def test_placement_of_each_backend(monkeypatch):
     assert collective.placement("gpuonly") == torch.device("cuda", 1)
 
 
+def test_objects_and_barriers_go_over_a_gloo_group_with_the_timeout_under_nccl(monkeypatch):
+    """Under NCCL a rank waiting for another's rollouts waits in a gloo group made with the process groups'
+    timeout (not NCCL's watchdog, not gloo's 30-minute default); made once, reused."""
+    rec = RecordingBackend("nccl")
+    rec.install(monkeypatch)
+    made, used = [], []
+    monkeypatch.setattr(collective, "_GROUPS", {})
+    monkeypatch.setattr(collective.dist, "new_group", lambda ranks, backend, timeout: made.append(
+        (ranks, backend, timeout)) or f"gloo{ranks}")
+    monkeypatch.setattr(collective.dist, "get_world_size", lambda group=None: rec.world)
+
+    def all_gather_object(parts, obj, group=None):
+        used.append(("gather", group))
+        parts[:] = [obj] * len(parts)
+
+    monkeypatch.setattr(collective.dist, "all_gather_object", all_gather_object)
+    monkeypatch.setattr(collective.dist, "barrier", lambda group=None: used.append(("barrier", group)))
+    timeout = collective.set_timeout(240)
+    assert collective.gather_objects(["x"]) == ["x", "x"]
+    collective.barrier()
+    assert made == [([0, 1], "gloo", timeout)] and timeout.total_seconds() == 240 * 60
+    assert used == [("gather", "gloo[0, 1]"), ("barrier", "gloo[0, 1]")]
+
+
+def test_the_params_timeout_reaches_the_process_groups(tmp_path):
+    """rl.deepspeed.timeout_minutes is the default group's timeout (DeepSpeed's own is 10 minutes) and the side
+    groups' (a real gloo group in one process)."""
+    code = """
+import torch, torch.distributed as dist
+from dataclasses import replace
+from coa.config import load_params
+from coa.train import collective
+from coa.train.zero import init_distributed
+init_distributed(replace(load_params("params.yaml").rl.deepspeed, timeout_minutes=77))
+side = dist.new_group([0], backend="gloo", timeout=collective.timeout())
+print([g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in (dist.group.WORLD, side)])
+"""
+    out = __import__("subprocess").run([__import__("sys").executable, "-c", code], capture_output=True, text=True,
+                                       cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[4620.0, 4620.0]"
+
+
 def test_one_process_returns_the_values():
     assert not collective.active()
     assert collective.reduce_values([1, 2.5], "max") == [1.0, 2.5]

@@ -54,18 +54,24 @@ class SleepyEngine:
         self.calls.append("sync")
 
 
-def test_the_engine_sleeps_through_the_update_and_wakes_weights_then_kv_cache():
+def test_the_engine_sleeps_through_the_update_and_wakes_weights_then_kv_cache(monkeypatch):
+    """Every step: rollouts, sleep, the update; then every rank returns its cached CUDA memory and waits for the
+    others before the engine maps its weights back, the sync, the cache emptied again, the KV cache back."""
+    import coa.train.dapo.loop as loop
+
     tok = make_tokenizer()
     torch.manual_seed(0)
     model = scripted_qwen2(tok, WEB_SCRIPT)
     engine = SleepyEngine(HFEngine(model, tok, max_batch=8), model)
+    monkeypatch.setattr(loop, "release_gpu_cache", lambda: engine.calls.append("empty_cache"))
+    monkeypatch.setattr(Ranks, "barrier", lambda self: engine.calls.append("barrier"))
     cfg = replace(load_params(ROOT / "params.yaml").rl, steps=2, prompts_per_step=2, rollouts_per_prompt=2,
                   max_gen_batches=1, mini_batches=1, row_tokens=512, dtype="float32", trainable_layers=0,
                   warmup_steps=0)
     train_dapo(model, tok, TASKS, cfg, engine=engine, limits=LIMITS, tools_factory=Recorder(),
                score=lambda task, r: (float(r.n_tool_calls == 0), r.n_tool_calls == 0),
                render=lambda t: render_prompt(tok, t["question"], t["domain"]), seed=3, progress=False)
-    step = ["rollout", "sleep", "wake:weights", "sync", "wake:all"]
+    step = ["rollout", "sleep", "empty_cache", "barrier", "wake:weights", "sync", "empty_cache", "wake:all"]
     assert engine.calls == step * 2
 
 

@@ -186,7 +186,8 @@ def test_paper_preset_merges_over_params_into_valid_config():
     assert Z.deepspeed_config(s.deepspeed, 8, **zero_settings(s))["train_batch_size"] == (
         s.rows_per_step * s.gradient_accumulation * 8)
     r = params.rl  # RL too: ZeRO-3 over NCCL, the paper's 64 prompts x 8 rollouts split by group over the ranks
-    assert r.deepspeed == DeepSpeedConfig(enabled=True, zero_stage=3, dist_backend="nccl", offload_optimizer=False)
+    assert r.deepspeed == DeepSpeedConfig(enabled=True, zero_stage=3, dist_backend="nccl", offload_optimizer=False,
+                                          timeout_minutes=240)
     assert (r.prompts_per_step, r.rollouts_per_prompt, r.steps) == (64, 8, 300)
     assert Z.deepspeed_config(r.deepspeed, 8, **rl_zero_settings(r))["zero_optimization"]["stage"] == 3
     header = (ROOT / "configs/paper.yaml").read_text().split("\n\n")[0]

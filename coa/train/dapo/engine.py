@@ -12,7 +12,10 @@
   group's first rank on the group's devices (CUDA_VISIBLE_DEVICES of the engine's processes), with its share of
   GPU memory and sleep mode from params; the other ranks of a group hold no engine (they roll out nothing and
   train the rows the loop assigns them). vLLM runs in its own environment (coa.venv), which the stage has
-  already switched to. The weights reach it module by module after every update (coa.rollout.vllm).
+  already switched to. The weights reach it after every update (coa.rollout.vllm: buckets as CUDA IPC handles
+  on GPUs, every rank of a tensor-parallel group lending its GPU's, bytes on vLLM's CPU build). Every rank
+  returns its cached CUDA memory and waits for the others before the engines start (vLLM profiles each GPU's
+  free memory then and fails when another process frees memory meanwhile) and again until every engine is up.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from typing import Any
 
 import torch
 
-from coa.device import resolve_dtype
+from coa.device import release_gpu_cache, resolve_dtype
 from coa.progress import tracked
 from coa.runtime import check_vllm_share, close_engine, vllm_options
+from coa.train import collective
 from coa.train.dapo.update import first_trainable_layer
 
-__all__ = ["close_engine", "engine_layout", "rank_device", "rl_engine"]
+__all__ = ["close_engine", "engine_group", "engine_layout", "rank_device", "rl_engine"]
 
 
 def rank_device() -> torch.device:
@@ -73,16 +77,50 @@ def rl_engine(cfg: Any, policy_path: str, model: torch.nn.Module, tok: Any) -> A
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tp, holds = engine_layout(cfg, world)
+    if cfg.deepspeed.enabled:
+        from coa.train.zero import init_distributed
+
+        init_distributed(cfg.deepspeed)  # the barriers and the engine's group need the process group
     if torch.cuda.is_available():
         rank_device()
-    if not holds:
+    engine_group(cfg)  # made now, by every rank in the same order
+    release_gpu_cache()
+    collective.barrier()  # no rank frees GPU memory while an engine profiles its GPU's
+    engine = None
+    if holds:
+        check_vllm_share(cfg.engine, policy_path)
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        with _visible_devices(list(range(local, local + tp)) if torch.cuda.is_available() else None):
+            engine = tracked(VLLMEngine(policy_path, dtype=cfg.engine.dtype, seed=0, **vllm_options(cfg.engine)),
+                             "vllm rollouts of the RL policy")
+    collective.barrier()  # every engine is up before any rank's trainer moves GPU memory again
+    return engine
+
+
+class GroupLending:
+    """coa.rollout.weights.Lending over a gloo group of ranks: the handles gathered, the barrier after a bucket."""
+
+    def __init__(self, group: Any):
+        self.group = group
+
+    def gather(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
+        return collective.gather_objects([mine], self.group)
+
+    def done(self) -> None:
+        collective.barrier(self.group)
+
+
+def engine_group(cfg: Any) -> GroupLending | None:
+    """This rank's tensor-parallel engine group (a gloo group of its ``tensor_parallel_size`` consecutive ranks,
+    coa.train.collective.cpu_group), which lends the engine its GPUs' weight buckets; None for one rank an
+    engine or one process. Every rank makes every group, in order, the first time (torch.distributed.new_group
+    is a collective); later calls return the same groups."""
+    tp = cfg.engine.vllm.tensor_parallel_size if cfg.engine.kind == "vllm" else 1
+    if tp == 1 or not collective.active():
         return None
-    check_vllm_share(cfg.engine, policy_path)
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    with _visible_devices(list(range(local, local + tp)) if torch.cuda.is_available() else None):
-        engine = VLLMEngine(policy_path, dtype=cfg.engine.dtype, seed=0,
-                            **vllm_options(cfg.engine))
-    return tracked(engine, "vllm rollouts of the RL policy")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    groups = [collective.cpu_group(range(first, first + tp)) for first in range(0, world, tp)]
+    return GroupLending(groups[rank // tp])
 
 
 @contextmanager

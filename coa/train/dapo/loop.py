@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
-from coa.device import resolve_dtype
+from coa.device import release_gpu_cache, resolve_dtype
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
+from coa.rollout.weights import send_weights, transfer_for
 from coa.train import kit
+from coa.train.dapo.engine import engine_group
 from coa.train.dapo.loss import group_advantages, keep_groups
 from coa.train.dapo.ranks import Ranks, ZeroStep, check_checkpoint, check_launch, zero_settings, zero_trainer
 from coa.train.dapo.update import _update
@@ -156,18 +158,27 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     ckpt = Path(ckpt_dir) if ckpt_dir is not None else None
     key = _key(cfg, seed, tasks)
 
+    vllm = getattr(getattr(cfg, "engine", None), "kind", None) == "vllm"
+    group = engine_group(cfg) if vllm and use_ds else None  # a tensor-parallel engine's ranks (made by all)
+
     def sync() -> None:
         """The rollout engine gets the trained weights (every rank calls: ZeRO-3 gathers module by module, and a
-        rank without an engine, in a tensor-parallel engine's group, walks the gathers with the others). An
-        engine asleep during the update (vLLM's sleep mode) wakes its weights first and its KV cache after."""
-        if engine is None:
-            if use_ds:
-                for _ in module_weights(model):
-                    pass
-            return
-        if hasattr(engine, "sync"):
-            _wake(engine, ["weights"])
-            engine.sync(module_weights(model) if use_ds else model)
+        rank without an engine, in a tensor-parallel engine's group, walks the gathers with the others and lends
+        its GPU's buckets). An engine asleep during the update (vLLM's sleep mode) wakes its weights only after
+        every rank has returned its cached CUDA memory (the update's) to the device, and its KV cache after the
+        sync, once the sync's buckets are released too (verl's order)."""
+        release_gpu_cache()
+        ranks.barrier()  # every rank's cache released before an engine on its GPU maps memory back
+        _wake(engine, ["weights"])
+        weights = module_weights(model) if use_ds else model
+        if engine is not None and hasattr(engine, "sync"):
+            engine.sync(weights, group=group) if vllm else engine.sync(weights)
+        elif vllm and use_ds:
+            send_weights(None, weights, transfer=transfer_for(cfg.engine.vllm.weight_sync, dev), group=group)
+        elif use_ds:
+            for _ in weights:
+                pass
+        release_gpu_cache()
         _wake(engine, None)
 
     state = _State()
@@ -283,7 +294,7 @@ def _resume(ckpt: Path, key: str, model: Any, optimizer: Any, scheduler: Any, ra
 
 def _wake(engine: Any, tags: list[str] | None) -> None:
     """Wake ``tags`` of an engine that sleeps during the update (all of it: None); nothing for other engines."""
-    if hasattr(engine, "wake_up"):
+    if engine is not None and hasattr(engine, "wake_up"):
         engine.wake_up(tags)
 
 

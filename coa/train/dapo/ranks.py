@@ -60,6 +60,11 @@ class Ranks:
         """Every rank's ``items`` (picklable), concatenated in rank order; the list itself on one rank."""
         return collective.gather_objects(items) if self.world > 1 else list(items)
 
+    def barrier(self) -> None:
+        """Every rank reaches this line (on the CPU side group: coa.train.collective); nothing on one rank."""
+        if self.world > 1:
+            collective.barrier()
+
     def sum(self, values: Sequence[float]) -> list[float]:
         """Each value summed over ranks (in float64, on the backend's device); the values on one rank."""
         return collective.reduce_values(values, "sum") if self.world > 1 else list(values)
