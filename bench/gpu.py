@@ -1,7 +1,17 @@
-"""One GPU, the training paths: a few SFT steps and a few DAPO steps of the embedded default's student under DeepSpeed.
+"""One GPU, the paper path's parts: (a) SFT and the RL update at 7B layer shapes, (b) vLLM beside the trainer, (c) the
+weight sync's transports.
 
     python3 bench/gpu.py                     # on a CUDA machine; on a CPU it prints one line and exits 0
     python3 bench/gpu.py --out gpu.json      # also writes the figures there (and to $OUT/gpu.json when $OUT is set)
+    python3 bench/gpu.py --shapes smollm2    # (a) at the embedded default's student instead (metrics/bench/gpu.json)
+
+(a) a few layers (``--layers``, 4) of Qwen2.5-7B-Instruct's shapes (width 3584, 28 heads, 4 KV heads, MLP 18944,
+vocabulary 152064: every matmul of a 7B layer at its real size), SFT and DAPO steps under DeepSpeed, MFU and peak
+memory of each (the update's target: >= 35% MFU); (b) bench/gpu_vllm.py where vLLM imports (the machine has none:
+a vLLM build for its PyTorch 2.11, 0.20-0.26, must travel as wheels; ``--no-vllm`` skips it): DAPO steps with the
+vllm engine in sleep mode beside the trainer, the device's free memory at each sleep and wake, the sync's
+seconds, greedy tokens against the hf engine's after a sync; (c) bench/gpu_sync.py: seconds per GB of the weight
+sync by CUDA IPC handles and by bytes through host memory (``--sync-gib``).
 
 On the GPU machine lent to a session (offline; its python3 is 3.12 with PyTorch 2.11 and transformers 5.17 but not
 DeepSpeed, pydantic, polars or pandera: those travel as wheels, and so does the lock's transformers 5.23.0, since
@@ -14,8 +24,9 @@ then the device call (run: command and carry; the tree travels with it, 64 MiB i
 
     command: PYTHONUNBUFFERED=1 python3 bench/gpu.py
     carry:   [".cache/gpu-wheels"]
-    timeout_s: 420   (expected ~2-3 minutes on an H200, an estimate: 10 SFT steps of 16 x 2048-token rows, 3 RL
-                      steps of 16 x 8 rollouts of up to 384 new tokens; $OUT/gpu.json is written after each phase)
+    timeout_s: 480   (an estimate, not yet run at these shapes: 10 SFT steps of 16 x 2048-token rows and 3 RL steps of
+                      16 x 8 rollouts of up to 384 new tokens at 4 layers of 7B (2.0B parameters, ~34 GB under ZeRO-2),
+                      then 4 GiB synced 3 times each way; $OUT/gpu.json is written after each phase)
 
 Its first step installs the carried wheels (``.cache/gpu-wheels/requirements.txt``) with ``pip install --no-index
 --no-deps --target /tmp/coa-gpu-site`` and runs itself again with that folder first on PYTHONPATH: the machine's own
@@ -24,9 +35,8 @@ torch (and its numpy, tokenizers, safetensors, huggingface-hub) is used, the car
 What runs, on one rank (RANK=0, WORLD_SIZE=1: coa.train.zero fills the launcher's variables in), DeepSpeed ZeRO-2 in
 bf16 over NCCL, with params.yaml's sft and rl sections otherwise:
 
-* the student: SmolLM2-135M-Instruct's shapes (LlamaForCausalLM, 30 layers of 576, vocabulary 49152, tied
-  embeddings) and tokenizer, **randomly initialised**: its weights (a 94 MiB GGUF) do not travel, and throughput and
-  MFU depend on the shapes, not the values. Sampled from random weights, every rollout runs to the turn's token
+* the model: ``--shapes`` (above), SmolLM2's tokenizer, **randomly initialised**: no weights travel (7B's are 15
+  GB; SmolLM2's a 94 MiB GGUF), and throughput and MFU depend on the shapes, not the values. Sampled from random weights, every rollout runs to the turn's token
   limit (common.agent.max_turn_tokens), which fixes the rollouts' lengths;
 * SFT: ``--sft-steps`` optimizer steps of coa.train.sft.train_sft (packed rows of ``--sft-rows`` x sft.row_tokens
   tokens, the varlen attention) on synthetic examples of random tokens (lengths 1/8 to 5/8 of a row, the first
@@ -191,16 +201,27 @@ def mfu(flops: float, seconds: float, peak_tflops: float | None) -> float | None
 # ----------------------------------------------------------------------------- the phases
 
 
-def build_student(folder: Path, tiny: bool, seed: int) -> tuple[Any, Any]:
-    """(SmolLM2-135M-Instruct's architecture, randomly initialised in float32 on the CPU; its tokenizer). ``tiny``:
-    2 layers of width 64 at the same vocabulary (the CPU dry run)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+# Qwen2.5-7B-Instruct's shapes (its config.json): the paper preset's student, a few of its layers at a time
+QWEN25_7B = {"hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
+             "vocab_size": 152064, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+             "tie_word_embeddings": False, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
 
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+
+def build_student(folder: Path, tiny: bool, seed: int, shapes: str = "smollm2", layers: int = 0) -> tuple[Any, Any]:
+    """(the model, randomly initialised in float32 on the CPU; SmolLM2's tokenizer). ``shapes``: smollm2 (SmolLM2-
+    135M-Instruct's architecture, ``layers`` or its 30) or qwen2.5-7b (Qwen2ForCausalLM at Qwen2.5-7B's width, heads
+    and vocabulary, ``layers`` of its 28, default 4: every matmul of a 7B layer at its real size). ``tiny``: 2 layers
+    of width 64 at the same vocabulary (the CPU dry run)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    config = (Qwen2Config(num_hidden_layers=layers or 4, **QWEN25_7B) if shapes == "qwen2.5-7b"
+              else AutoConfig.from_pretrained(folder, local_files_only=True))
+    if layers and shapes == "smollm2":
+        config.num_hidden_layers = layers
     if tiny:
-        config.update({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-                       "num_key_value_heads": 2, "head_dim": 16})
+        config.update({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+                       "num_key_value_heads": 1, "head_dim": 32})  # vLLM's CPU attention takes head_dim 32, not 16
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -402,6 +423,10 @@ def summary(report: dict) -> list[str]:
         lines.append(f"RL update  {num(up['tokens_per_s'])} tokens/s         MFU {pct(up['mfu']):>6}   peak "
                      f"{gib(up['peak_gib'])}   ({up['tokens_per_step']} tokens a step; weight sync {up['sync_s']} s "
                      "left out)")
+    for name, t in report.get("sync", {}).get("transports", {}).items():
+        lines.append(f"sync {name:5s} {t['s_per_gb']:>8} s/GB ({t['gb_per_s']} GB/s over {report['sync']['gb']} GB)")
+    if isinstance(report.get("vllm"), dict):
+        lines.append("vLLM       " + json.dumps(report["vllm"])[:400])
     for phase, err in report.get("errors", {}).items():
         lines.append(f"{phase}: FAILED: {err.strip().splitlines()[-1]}")
     return lines
@@ -424,6 +449,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheels", type=Path, default=WHEELS, help="the carried folder (bench/gpu_wheels.sh)")
     ap.add_argument("--site", type=Path, default=SITE, help="where the carried wheels are installed")
     ap.add_argument("--dtype", default=None, help=argparse.SUPPRESS)  # GPU: auto (bf16); dry run: bfloat16
+    ap.add_argument("--shapes", choices=("qwen2.5-7b", "smollm2"), default="qwen2.5-7b",
+                    help="the model's shapes (part a): a few layers of Qwen2.5-7B, or the embedded default's student")
+    ap.add_argument("--layers", type=int, default=0, help="layers of those shapes (default: 4 of Qwen2.5-7B, all of "
+                                                         "SmolLM2)")
+    ap.add_argument("--sync-gib", type=float, default=None, help="GiB the weight sync bench sends (part c; GPU: 4; 0: "
+                                                                 "skip)")
+    ap.add_argument("--no-vllm", action="store_true", help="skip part b (vLLM beside the trainer) even where it imports")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
@@ -438,9 +470,9 @@ def main(argv: list[str] | None = None) -> int:
             print(NO_GPU)
             return 0
     dry = {"sft_steps": 1, "sft_rows": 2, "row_tokens": 512, "rl_steps": 1, "prompts": 2, "k": 2, "turn_tokens": 16,
-           "dtype": "bfloat16"}
+           "dtype": "bfloat16", "sync_gib": 0.25}
     gpu = {"sft_steps": 10, "sft_rows": 16, "row_tokens": None, "rl_steps": 3, "prompts": 16, "k": 8, "turn_tokens": None,
-           "dtype": "auto"}
+           "dtype": "auto", "sync_gib": 4.0}
     for key, value in (gpu if cuda else dry).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -451,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda:  # the dry run takes CUDA's path: transformers' forward, torch's attention over the paged cache
         os.environ.setdefault("COA_KERNEL", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     import deepspeed
     import torch
     import transformers
@@ -469,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     ds = DeepSpeedConfig(enabled=True, zero_stage=args.zero, dist_backend="nccl" if cuda else "gloo",
                          offload_optimizer=False)
     folder = args.wheels / "smollm2"
-    model, tok = build_student(folder, tiny=not cuda, seed=args.seed)
+    model, tok = build_student(folder, tiny=not cuda, seed=args.seed, shapes=args.shapes, layers=args.layers)
     flops = Flops(model)
     memory = Memory(cuda)
     out = [p for p in (args.out, Path(os.environ["OUT"]) / "gpu.json" if os.environ.get("OUT") else None) if p]
@@ -478,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__,
         "install_s": install_s, "setup": f"DeepSpeed ZeRO-{args.zero} in {dtype_name(resolve_dtype(args.dtype, device))} over "
                                        f"{ds.dist_backend}, 1 rank",
-        "model": {"shapes": "SmolLM2-135M-Instruct" + (" (dry run: 2 layers of 64)" if not cuda else ""),
+        "model": {"shapes": ({"qwen2.5-7b": "Qwen2.5-7B-Instruct", "smollm2": "SmolLM2-135M-Instruct"}[args.shapes]
+                             + f", {model.config.num_hidden_layers} layers"
+                             + (" (dry run: 2 layers of 64)" if not cuda else "")),
                   "weights": "random init: throughput and MFU depend on the shapes, not the values",
                   "params": flops.params, "layers": flops.layers, "hidden": model.config.hidden_size,
                   "vocab": model.config.vocab_size},
@@ -503,12 +537,33 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.empty_cache()
     if start_rl is None:
-        start_rl, _ = build_student(folder, tiny=not cuda, seed=args.seed)
+        start_rl, _ = build_student(folder, tiny=not cuda, seed=args.seed, shapes=args.shapes, layers=args.layers)
     try:
         run_rl(start_rl, tok, params, ds, args, device, flops, memory, report)
     except Exception:
         print(traceback.format_exc(), file=sys.stderr, flush=True)
         report["errors"]["rl"] = traceback.format_exc()[-3000:]
+    write(report, out)
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    if args.sync_gib:  # part c: the weight sync's transports, seconds per GB
+        try:
+            from gpu_sync import measure
+
+            report["sync"] = measure(args.sync_gib, device=device)
+        except Exception:
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+            report["errors"]["sync"] = traceback.format_exc()[-3000:]
+        write(report, out)
+    if cuda and not args.no_vllm:  # part b: vLLM on the GPU beside a trainer, where vLLM imports
+        try:
+            from gpu_vllm import measure as vllm_measure
+
+            report["vllm"] = vllm_measure(args.wheels / "smollm2", seed=args.seed)
+        except Exception:
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+            report["errors"]["vllm"] = traceback.format_exc()[-3000:]
     report["wall_s"] = round(time.perf_counter() - started, 1)
     write(report, out)
     print("\n".join(summary(report)))

@@ -56,27 +56,7 @@ DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$DIR" "$
 printf '%s\n' "${REQS[@]}" > "$DIR/requirements.txt"
 
 # SmolLM2-135M-Instruct's shapes and tokenizer, read from the GGUF file as coa.model.load_smollm2 reads it
-"$PY" - "$DIR/smollm2" <<'EOF'
-import json
-import sys
-from pathlib import Path
-
-from transformers import AutoConfig, AutoTokenizer
-
-from coa.model import smollm2_gguf
-
-out = Path(sys.argv[1])
-gguf = smollm2_gguf()
-tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True).to_dict()
-keep = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
-        "tie_word_embeddings", "attention_bias", "mlp_bias", "bos_token_id", "eos_token_id", "pad_token_id")
-shapes = {"architectures": ["LlamaForCausalLM"], **{k: config[k] for k in keep if k in config}}
-tok.save_pretrained(out)
-(out / "config.json").write_text(json.dumps(shapes, indent=2, sort_keys=True) + "\n")
-print(f"gpu_wheels: {out}: {shapes['num_hidden_layers']} layers of {shapes['hidden_size']}, vocabulary {len(tok)}")
-EOF
+"$PY" "$ROOT/bench/gpu_student.py" "$DIR/smollm2"
 
 ls -l "$DIR"
 echo "gpu_wheels: $(du -sm "$DIR" | cut -f1) MiB in $DIR; carry .cache/gpu-wheels"
