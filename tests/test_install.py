@@ -102,6 +102,18 @@ def test_gpu_setup_passes_no_cpu_index_even_where_one_is_reachable():
     assert order == ["node --gpu", "install", "torch"] * 2, gpu
 
 
+def test_the_readme_gpu_setup_is_the_tested_one():
+    """README's GPU block runs the make targets the test above checks (GPU detected, so no variable needed)."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"### Your GPUs.*?```bash\n(.*?)```", readme, flags=re.S).group(1)
+    setup = next(line for line in block.splitlines() if line.startswith("make "))
+    targets = [w for w in setup.split("#")[0].replace("&&", " ").split() if w != "make"]
+    assert targets == ["setup", "vllm"], setup
+    lines = _recipe(*targets, "GPU=1")
+    assert [line.split("-r ")[1].split()[0] for line in lines if "-r requirements" in line] == [
+        "requirements-cuda.lock", "requirements-vllm-cuda.lock"]
+
+
 def test_a_node_with_nvidia_smi_is_a_gpu_node(tmp_path: Path):
     """GPU is detected by itself: an nvidia-smi that lists a GPU selects the CUDA locks, without GPU=1."""
     smi = tmp_path / "nvidia-smi"

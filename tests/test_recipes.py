@@ -45,6 +45,17 @@ def test_the_paper_preset_defaults_to_what_fits_and_32b_says_what_it_needs():
     v = big.rl.engine.vllm  # docs/scale.md's 32B budget: tensor parallel over the node, sleep, optimizer offload
     assert (v.tensor_parallel_size, v.sleep) == (8, True) and big.rl.deepspeed.offload_optimizer
     assert big.solve_filter.engine.vllm.tensor_parallel_size == 8 and big.sft.deepspeed.offload_optimizer
+    assert big.eval.engine.vllm.tensor_parallel_size == 8
+
+
+@pytest.mark.parametrize("names", [("paper.yaml",), ("paper.yaml", "paper-32b.yaml")])
+def test_the_paper_presets_roll_out_with_vllm_everywhere_and_wait_long_enough(names):
+    """Every rollout stage of a paper preset on the GPUs with vLLM (eval too: the hf engine there would run a
+    7B model token by token in .venv); the RL ranks' collectives wait out a paper step's rollouts."""
+    p = preset(*names)
+    assert {s: getattr(p, s).engine.kind for s in ("difficulty", "solve_filter", "rl", "eval")} == dict.fromkeys(
+        ("difficulty", "solve_filter", "rl", "eval"), "vllm")
+    assert p.rl.deepspeed.timeout_minutes >= 120 and p.rl.engine.vllm.weight_sync == "auto"
 
 
 def _dag_order() -> list[str]:
