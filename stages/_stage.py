@@ -31,6 +31,7 @@ import yaml
 from rich.logging import RichHandler
 
 from coa.config import ConfigError, Params, load_params, to_dict
+from coa.extensions import own_build_locks, use_extension_folder
 from coa.io import ArtifactError, MissingModelError, write_json
 from coa.launch import launch_ranks, use_vllm_environment
 from coa.track.registry import register_model
@@ -38,6 +39,7 @@ from coa.track.runs import lineage_tags, stage_run
 
 log = logging.getLogger("coa")
 ROOT = Path(__file__).resolve().parents[1]
+EXTENSIONS = ROOT / ".cache/torch_extensions"  # compiled extensions, a folder per Python environment
 
 
 def writer_of(path: str | Path, dvc_yaml: Path | None = None) -> str | None:
@@ -102,6 +104,8 @@ class Stage:
             use_vllm_environment(f"stages.{name}", f"{name}.engine.kind", argv)
         if ds is not None and ds.enabled:  # dvc repro starts one process: the stage launches its ranks
             launch_ranks(f"stages.{name}", ds.processes, f"{name}.deepspeed.processes", argv)
+        use_extension_folder(EXTENSIONS)  # this environment's own builds (DeepSpeed's ops), locks with an owner
+        own_build_locks()
         self.raw_params = yaml.safe_load(Path(self.args.params).read_text())
         self.compute: dict[str, Any] = {}  # dtype and CPU facts of a stage that computes with a model
 

@@ -59,6 +59,12 @@ def init_distributed(ds: DeepSpeedConfig) -> None:
     _dist_env()
     import deepspeed
 
+    if ds.dist_backend == "gloo":
+        # DeepSpeed's CPU communication layer JIT-builds its shared-memory op at init (a C++ build, minutes the
+        # first time, under a lock file a killed build leaves behind); only DeepSpeed-Inference's all-reduce uses
+        # it (deepspeed/comm/torch.py: inference_all_reduce), never training, so the op is marked unavailable
+        # and nothing is built mid-run ("edits to it persist": deepspeed/ops/__init__.py)
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=ds.dist_backend, timeout=collective.set_timeout(ds.timeout_minutes))
 
 
