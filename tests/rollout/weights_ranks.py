@@ -59,6 +59,8 @@ def main(out: str) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps({
         "sent": sent, "calls": engine.calls if engine else None, "group_size": torch.distributed.get_world_size(group.group),
         "timeout_s": timeout.total_seconds(), "collective_timeout_s": collective.timeout().total_seconds()}))
+    collective.barrier()
+    torch.distributed.destroy_process_group()  # gloo's threads stopped before exit (else an abort, now and then)
 
 
 if __name__ == "__main__":
