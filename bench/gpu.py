@@ -69,12 +69,10 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import importlib.util
 import json
 import logging
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -82,120 +80,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpu_figures import Flops, Memory, mfu, rate  # bench/ is this script's folder, first on sys.path
+from gpu_site import ensure_packages
+
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / ".cache/gpu-wheels"
 SITE = Path("/tmp/coa-gpu-site")
-NEEDS = ("deepspeed", "hjson", "pydantic", "polars", "pandera")  # what the GPU machine lacks (bench/gpu_wheels.sh)
 NO_GPU = "bench/gpu.py needs a CUDA GPU (none here); nothing measured"
 # dense bf16 peaks (no sparsity) in TFLOP/s, by a substring of torch.cuda.get_device_name(); the first match wins
 PEAKS = (("GH200", 989.4), ("H200", 989.4), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.4),
          ("H800", 989.4), ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0))
-GiB = 1 << 30
-
-
-# ----------------------------------------------------------------------------- the carried wheels
-
-
-def missing_packages(reqs: Path) -> list[str]:
-    """What this python lacks of the carried requirements: NEEDS not importable, and transformers older than the pin
-    (the machine's 5.17 lacks the 2-D ``logits_to_keep`` mask that coa.train.kit.target_logits passes)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    missing = [m for m in NEEDS if importlib.util.find_spec(m) is None]
-    pins = dict(line.split("==", 1) for line in reqs.read_text().split()) if reqs.exists() else {}
-    if "transformers" in pins:
-        from packaging.version import Version
-
-        try:
-            have = version("transformers")
-        except PackageNotFoundError:
-            have = "0"
-        if Version(have) < Version(pins["transformers"]):
-            missing.append(f"transformers>={pins['transformers']} (have {have})")
-    return missing
-
-
-def ensure_packages(wheels: Path, site: Path) -> float | None:
-    """Return when DeepSpeed & co. import; else install the carried wheels into ``site`` and run this script again
-    with ``site`` first on PYTHONPATH (never returns then). The seconds the install took, in the second run."""
-    reqs = wheels / "requirements.txt"
-    missing = missing_packages(reqs)
-    if not missing:
-        return float(os.environ["COA_GPU_INSTALL_S"]) if "COA_GPU_INSTALL_S" in os.environ else None
-    if os.environ.get("COA_GPU_SITE"):
-        raise SystemExit(f"bench/gpu.py: {', '.join(missing)} still missing after installing {wheels} into {site}")
-    if not reqs.exists():
-        raise SystemExit(f"bench/gpu.py: {', '.join(missing)} not installed and no {reqs}: run `bash bench/gpu_wheels.sh` "
-                         "where pip works and carry .cache/gpu-wheels")
-    start = time.perf_counter()
-    marker = site / ".coa-gpu-requirements"  # a warm machine's earlier install of the same wheels is reused
-    if not (marker.exists() and marker.read_text() == reqs.read_text()):
-        print(f"missing {', '.join(missing)}: installing {' '.join(reqs.read_text().split())} from {wheels} into "
-              f"{site}", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--disable-pip-version-check", "--upgrade", "--target", str(site),
-                        "--find-links", str(wheels), "-r", str(reqs)], check=True)
-        marker.write_text(reqs.read_text())
-    env = {**os.environ, "COA_GPU_SITE": str(site), "COA_GPU_INSTALL_S": f"{time.perf_counter() - start:.1f}",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
-    sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], env)
-    raise AssertionError("unreachable")
-
-
-# ----------------------------------------------------------------------------- figures
-
-
-class Flops:
-    """FLOPs of the model's matmuls (see the module docstring); ``body``: parameters but the input embedding and
-    the head (the head is the embedding's matrix when tied)."""
-
-    def __init__(self, model: Any):
-        config = model.config
-        self.params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-        embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-        self.head = head.numel()
-        self.body = self.params - embed.numel() - (0 if head is embed else head.numel())
-        self.layers = config.num_hidden_layers
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.attn_width = config.num_attention_heads * head_dim
-
-    def train(self, tokens: int, targets: int, sum_sq: int) -> float:
-        return 6.0 * (self.body * tokens + self.head * targets + self.layers * self.attn_width * sum_sq)
-
-    def rollout(self, fed: int, sampled: int, attended: int) -> float:
-        return 2.0 * (self.body * fed + self.head * sampled) + 4.0 * self.layers * self.attn_width * attended
-
-
-class Memory:
-    """Peak allocated memory between marks (CUDA); None on the CPU."""
-
-    def __init__(self, cuda: bool):
-        import torch
-
-        self.torch, self.cuda = torch, cuda
-
-    def mark(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.reset_peak_memory_stats()
-
-    def peak(self) -> float | None:
-        if not self.cuda:
-            return None
-        self.torch.cuda.synchronize()
-        return round(self.torch.cuda.max_memory_allocated() / GiB, 3)
-
-    def now(self) -> float | None:
-        return round(self.torch.cuda.memory_allocated() / GiB, 3) if self.cuda else None
-
-
-def rate(tokens: float, seconds: float) -> float | None:
-    return round(tokens / seconds, 1) if seconds > 0 else None
-
-
-def mfu(flops: float, seconds: float, peak_tflops: float | None) -> float | None:
-    return round(flops / seconds / (peak_tflops * 1e12), 4) if seconds > 0 and peak_tflops else None
 
 
 # ----------------------------------------------------------------------------- the phases
@@ -476,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in (gpu if cuda else dry).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    install_s = ensure_packages(args.wheels, args.site)
+    install_s = ensure_packages(args.wheels, args.site, Path(__file__))
 
     started = time.perf_counter()
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
