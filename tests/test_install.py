@@ -160,14 +160,6 @@ def test_cuda_locks_pin_cuda_builds_and_add_only_them():
         assert {"nvidia-cuda-runtime", "nvidia-nccl-cu13", "nvidia-cudnn-cu13", "triton"} <= names, lock
 
 
-def _reachable(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=10).close()
-        return True
-    except OSError:
-        return False
-
-
 def _resolve(lock: Path, tmp_path: Path) -> dict[str, dict]:
     """pip's dry run of ``lock`` from PyPI alone (isolated from this machine's configuration: no local wheel folder,
     no mirror; --no-deps: the lock's own pins), from metadata, no wheel downloaded: {name: report item}."""
