@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from coa.format import truncate as cap
@@ -122,3 +124,48 @@ def test_http_provider_needs_a_key_and_speaks_serper(monkeypatch):
     server.server_close()
     assert seen == {"body": {"q": "capital of Sereland", "num": 3}, "key": "k123"}
     assert out == "## Web Results\n\n1. [T](https://x/1)\n" + "S" * 20
+
+
+AVX2_ONLY = {"NPY_DISABLE_CPU_FEATURES": "X86_V4,AVX512_ICL,AVX512_SPR,AVX512_SKX,AVX512F,AVX512CD",
+             "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def _tied_corpus() -> tuple[list[str], list[str], list[str]]:
+    """Pages whose scores tie in groups (same words, other order), shuffled: what a SIMD top-k orders freely."""
+    import random
+    rng = random.Random(7)
+    words = ["kellon", "orvane", "tesk", "varnholt", "brill", "sereland", "chemist", "founded"]
+    texts = [" ".join(rng.sample(words[: 3 + i % 5], 3 + i % 5)) for i in range(400)]
+    return [f"page {i}" for i in range(400)], [f"https://x.local/{i}" for i in range(400)], texts
+
+
+def test_equal_scores_are_ordered_by_document(tmp_path):
+    titles, urls, texts = _tied_corpus()
+    index = BM25Index.build(titles, urls, texts)
+    hits = index.search("kellon tesk orvane", k=50)
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True) and len(set(scores)) < len(scores)  # ties there are
+    for s in set(scores):
+        docs = [int(h.url.rsplit("/", 1)[1]) for h in hits if h.score == s]
+        assert docs == sorted(docs)
+
+
+def test_search_results_are_the_same_with_numpy_and_torch_held_to_avx2(tmp_path):
+    """The index's bytes and every query's hits are the same whatever SIMD level numpy runs at."""
+    import json
+    import os
+    import subprocess
+    import sys
+    script = ("import json, sys\nfrom tests.tools.test_search import _tied_corpus\nfrom coa.tools.search import "
+              "BM25Index\nt, u, x = _tied_corpus()\nBM25Index.build(t, u, x).save(sys.argv[1])\n"
+              "i = BM25Index.load(sys.argv[1])\nqs = ['kellon tesk', 'orvane brill chemist', 'founded', 'sereland x']\n"
+              "print(json.dumps([[(h.url, h.score) for h in i.search(q, k=20)] for q in qs]))\n")
+    out = {}
+    for name, extra in (("native", {}), ("avx2", AVX2_ONLY)):
+        env = {**os.environ, **extra}
+        run = subprocess.run([sys.executable, "-c", script, str(tmp_path / name)], env=env, capture_output=True,
+                             text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+        out[name] = json.loads(run.stdout)
+    assert out["native"] == out["avx2"]
+    for f in sorted((tmp_path / "native").iterdir()):
+        assert f.read_bytes() == (tmp_path / "avx2" / f.name).read_bytes(), f.name

@@ -163,3 +163,89 @@ def test_none_is_live_and_creates_only_the_manifest(tmp_path):
     store.write_manifest()
     assert tree(tmp_path / "web") == {
         "manifest.json": b'{\n "blob_bytes": 0,\n "blobs": 0,\n "objects": {}\n}\n'}
+
+
+def _writer(root: str, tag: str, go, out) -> None:  # a process of its own: one rank recording
+    store = WebStore(root, "record")
+    go.wait()
+    out.put((tag, store.get("page", {"url": "https://a.example/x"}, lambda: (time.sleep(0.3), {"by": tag})[1])))
+
+
+def test_first_writer_wins_across_processes(tmp_path):
+    """Two ranks record one request at once, each fetching its own answer: both get the answer that was stored
+    first (before: each kept its own, the last writer's stayed on disk, and the ranks replayed different pages)."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    go, out = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), tag, go, out)) for tag in ("a", "b")]
+    for p in procs:
+        p.start()
+    go.wait()
+    got = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+    stored = WebStore(tmp_path, "replay").get("page", {"url": "https://a.example/x"}, lambda: {})
+    assert got["a"] == got["b"] == stored
+    assert not list(tmp_path.glob("objects/*/.tmp-*"))
+
+
+def _copy_over(root: Path) -> Path:
+    """Another request's object copied over a key's file; the path of that file."""
+    record(root)
+    a, b = (root / "objects" / k[:2] / f"{k}.json" for k in (request_key(*REQUESTS[0]), request_key(*REQUESTS[1])))
+    a.write_bytes(b.read_bytes())
+    return a
+
+
+def test_a_copied_or_truncated_object_is_refused_in_replay_naming_its_path(tmp_path):
+    path = _copy_over(tmp_path / "copied")
+    with pytest.raises(WebCacheError, match=f"{path}: damaged.*holds 'search'.*Tesk"):
+        Web()(WebStore(tmp_path / "copied", "replay"), *REQUESTS[0])
+    record(tmp_path / "cut")
+    key = request_key(*REQUESTS[2])
+    path = tmp_path / "cut" / "objects" / key[:2] / f"{key}.json"
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(WebCacheError, match=f"{path}: damaged.*not JSON"):
+        Web()(WebStore(tmp_path / "cut", "replay"), *REQUESTS[2])
+    with pytest.raises(WebCacheError, match=f"{path}: damaged"):
+        WebStore(tmp_path / "cut", "record").write_manifest()
+
+
+def test_recording_refetches_a_damaged_object(tmp_path):
+    _copy_over(tmp_path)
+    web = Web()
+    store = WebStore(tmp_path, "record")
+    got = web(store, *REQUESTS[0])
+    assert web.calls == 1 and got["results"][0]["title"] == "Ü founder of Orvane Labs"
+    store.write_manifest()
+    assert tree(tmp_path) == tree(_fresh(tmp_path.parent / "fresh"))
+
+
+def _fresh(root: Path) -> Path:
+    record(root)
+    return root
+
+
+def test_a_damaged_blob_is_named_and_replaced_when_recorded_again(tmp_path):
+    record(tmp_path)
+    store = WebStore(tmp_path, "replay")
+    page = Web()(store, *REQUESTS[2])
+    blob = tmp_path / "blobs" / page["body"][:2] / page["body"]
+    blob.write_bytes(b"<html>edited</html>")
+    with pytest.raises(WebCacheError, match=f"{blob}: damaged.*hash"):
+        store.get_blob(page["body"])
+    WebStore(tmp_path, "record").put_blob(b"<html>https://wiki.coa.local/tesk</html>")
+    assert store.get_blob(page["body"]) == b"<html>https://wiki.coa.local/tesk</html>"
+
+
+def test_a_killed_writers_temp_files_are_removed_by_the_manifest_and_a_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+    record(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    shard = next((tmp_path / "objects").iterdir())
+    stale, live = shard / f".tmp-{dead.stdout.strip()}-x1", shard / f".tmp-{__import__('os').getpid()}-x2"
+    stale.write_bytes(b"{")
+    live.write_bytes(b"{")
+    WebStore(tmp_path, "record").write_manifest()
+    assert not stale.exists() and live.exists()
