@@ -120,16 +120,21 @@ def show(path: str, limit: int, where: list[str], out: Any) -> int:
             raise SystemExit(f"--where {cond}: {path} has no column {key!r} (columns: {', '.join(df.columns)})")
         df = df.filter(pl.col(key).cast(pl.Utf8) == value)
     df = df.head(limit) if limit else df
-    if "trajectory" in df.columns:
+    text_column = next((c for c in ("trajectory", "text") if c in df.columns), None)
+    if text_column is not None:  # trajectories, eval attempts: the text with its roles coloured
         for row in df.iter_rows(named=True):
-            out.rule(f"{row['task_id']} ({row['domain']})", style="bold")
-            out.print(row["prompt"], style="bold", markup=False)
-            text, at = row["trajectory"], 0
+            head = " ".join(f"{row[k]}" for k in ("model", "group") if k in row)
+            sample = f" #{row['sample']}" if "sample" in row else ""
+            out.rule(f"{head + ' ' if head else ''}{row['task_id']}{sample} ({row['domain']})", style="bold")
+            if "prompt" in row:
+                out.print(row["prompt"], style="bold", markup=False)
+            text, at = row[text_column], 0
             for m in _OPEN.finditer(text):
                 out.print(text[at:m.end()], style=_style(text[:at]), end="", markup=False, highlight=False)
                 at = m.end()
             out.print(text[at:], style=_style(text[:at]), markup=False, highlight=False)
-            extra = {k: row[k] for k in ("correct", "n_tool_calls", "weight") if k in row}
+            extra = {k: row[k] for k in ("correct", "answer", "finish", "n_tool_calls", "tool_calls", "failed_calls",
+                                         "recovered", "repeated_calls", "lucky", "weight") if k in row}
             out.print(json.dumps(extra), style="dim", markup=False)
         return df.height
     columns = [c for c in df.columns if c not in ("text", "messages", "calls", "tests")]

@@ -156,6 +156,15 @@ class EvalRow(pa.DataFrameModel):
     generated_tokens: int = pa.Field(ge=0, description="Tokens the model(s) wrote")
     tool_calls: int = pa.Field(ge=0)
     turns: int = pa.Field(ge=0, description="Model calls: student segments between tool calls, teacher agent calls")
+    text: str = pa.Field(description="The attempt's transcript: the rollout's text (teacher: its linearised trajectory; "
+                                     "empty if it has none), tool calls and observations in it (`coa show`)")
+    failed_calls: int = pa.Field(ge=0, description="Tool calls whose observation is an error (coa.eval.behaviour)")
+    recovered: bool = pa.Field(nullable=True, description="A tool call follows the first failed one; null without one")
+    reflection_names_failure: bool = pa.Field(nullable=True, description="The reflection after the first failed call "
+                                              "says it failed; null without a failed call or a reflection")
+    repeated_calls: int = pa.Field(ge=0, description="Calls identical to an earlier call of the attempt")
+    lucky: bool = pa.Field(nullable=True, description="A correct math answer no program printed (crash or unrelated "
+                                          "output); null outside math and for wrong answers")
 
     class Config:
         strict = True

@@ -14,12 +14,14 @@ like. `eval.benchmarks` adds public sets (adapters), each reported as its own gr
 Per model (metrics/eval.json, one flat section each: base, sft, rl, teacher), on the eval split (each
 benchmark under its own `bench:<kind>.` keys): accuracy (avg@k) with its bootstrap 95% interval, pass@1..k (the unbiased estimator), best-of-k (self-selected: the policy's own
 double-check score, then the majority answer), format validity, tokens, tool calls and turns per attempt,
-the same per domain and benchmark, and for the students the billed-token ratio to the teacher
+the same per domain and benchmark, how the policy used its tools (coa.eval.behaviour: recovery after a
+failed call, a reflection that names it, repeated calls, lucky math answers), and for the students the billed-token ratio to the teacher
 (coa.eval.metrics.billed_tokens, the student's tokenizer for both) and the engine's policy tokens per second.
 `rl_vs_sft`: RL minus SFT accuracy on the same tasks and samples with a paired bootstrap 95% interval
 (coa.eval.report.compare). The base model answers only `base_max_tasks` tasks per domain (zero-shot, it writes
 to its limits). Plots (--plots) and one small headline file
-per model (--headline, `dvc metrics show`): coa.eval.plots. Promotion is not here (`coa promote` after the stage).
+per model (--headline, `dvc metrics show`): coa.eval.plots. Promotion is not here (`coa promote` after the stage). data/eval.parquet keeps each attempt's transcript
+(`coa show data/eval.parquet --where model=sft`).
 
 The teacher runs first: an attempt whose team could not reach its backend (after the chat client's retries
 and `distill.retry_rounds` rounds) is not scored as a wrong answer, the stage exits 1 with one line naming
@@ -38,6 +40,7 @@ import polars as pl
 
 from coa.config import derive_seed
 from coa.device import compute_facts
+from coa.eval.behaviour import behaviour
 from coa.eval.evaluate import evaluate_by_domain
 from coa.eval.metrics import token_counter
 from coa.eval.plots import publish
@@ -103,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
                            else teacher_rows(teacher, part, cfg.k, seed, token_counter(tok), st.params.distill, judge))
                 except TeacherOutage as err:
                     raise SystemExit(str(err)) from None
-                rows += [{**r, "model": name, "group": group} for r in got]
+                rows += [{**r, **behaviour(r["text"], r["domain"], r["correct"], r["answer"]), "model": name,
+                          "group": group} for r in got]
             timings[name] = round(time.perf_counter() - start, 2)
             if engine is not None:
                 throughput[name] = engine.throughput()

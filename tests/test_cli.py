@@ -44,6 +44,22 @@ def test_show_prints_an_eval_table(tmp_path):
     assert "rl" in text and "sft" not in text
 
 
+def test_show_prints_eval_transcripts(tmp_path):
+    from schemas import EVAL_DTYPES
+
+    row = {"model": "sft", "group": "eval", "domain": "web", "task_id": "web-1", "sample": 0, "correct": True,
+           "answer": "Tesk", "parse_ok": True, "finish": "answer", "billed_tokens": 9, "generated_tokens": 5,
+           "tool_calls": 1, "turns": 2, "text": TRAJ, "failed_calls": 0, "recovered": None,
+           "reflection_names_failure": None, "repeated_calls": 0, "lucky": None}
+    path = tmp_path / "e.parquet"
+    pl.DataFrame([row, {**row, "model": "rl", "text": "<answer>Brill</answer>"}], schema=EVAL_DTYPES).write_parquet(path)
+    out = Console(record=True, width=120)
+    assert cli.show(str(path), 0, ["model=sft"], out) == 1
+    text = out.export_text()
+    assert "sft eval web-1 #0 (web)" in text and "<web_search>Orvane Labs</web_search>" in text
+    assert '"finish": "answer"' in text and "Brill" not in text
+
+
 def test_export_writes_sharegpt_and_llamafactory(tmp_path):
     path = _trajectories(tmp_path / "t.parquet")
     assert cli.main(["export", str(path), "--format", "sharegpt", "--out", str(tmp_path / "s.jsonl")]) == 0

@@ -6,8 +6,8 @@ headline table from them are coa.eval.plots).
     compare(rows, "rl", "sft", n_boot=1000, seed=7)   # {accuracy_diff, ci_low, ci_high, tasks, attempts}
 
 Each section holds the eval split overall and per domain, then each benchmark group (`bench:<kind>.`),
-from coa.eval.evaluate.summarize (means per attempt), the eval wall time and, for the students, the ratio of
-their billed tokens per task to the teacher's.
+from coa.eval.evaluate.summarize (means per attempt) and coa.eval.behaviour.rates, the eval wall time and,
+for the students, the ratio of their billed tokens per task to the teacher's.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from coa.eval.behaviour import rates
 from coa.eval.evaluate import summarize
 from coa.eval.metrics import paired_difference
 
@@ -93,4 +94,6 @@ def _section(rows: list[dict[str, Any]], k: int) -> dict[str, float]:
                     f"{prefix}tokens_per_task": s["billed_tokens"], f"{prefix}generated_tokens_per_task": s["policy_tokens"],
                     f"{prefix}tool_calls_per_task": s["tool_calls"], f"{prefix}turns_per_task": s["turns"]})
         out.update({f"{prefix}{key}": v for key, v in s.items() if key.startswith("pass@")})
+        if part and "recovered" in part[0]:  # where no attempt qualifies, no figure (NaN is no JSON)
+            out.update({f"{prefix}{key}": v for key, v in rates(part).items() if v == v})
     return {k: round(float(v), 4) for k, v in out.items()}
