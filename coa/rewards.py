@@ -40,7 +40,9 @@ __all__ = ["LLMJudge", "Reward", "RewardSpec", "check", "check_code", "check_mat
            "normalise_answer", "overlong_penalty", "repeated_tool_calls", "reward"]
 
 MAX_PREDICTION_CHARS = 2000  # longer math/web answers are not answers (and would slow the parsers)
-CODE_LIMITS = SandboxLimits(wall_time_s=10.0, cpu_time_s=10, max_output_chars=200_000)
+# Hidden tests run under the same policy as the code tool (coa.tools.sandbox.check_policy; strict if never set):
+# never unisolated under strict. 10 CPU seconds is their limit, whatever the load; the wall clock only a backstop.
+CODE_LIMITS = SandboxLimits(cpu_time_s=10, wall_time_s=40.0, max_output_chars=200_000)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
 _BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
@@ -89,7 +91,9 @@ def check_math(prediction: str, answers: Sequence[str]) -> bool:
 def check_code(prediction: str, tests: Sequence[str], limits: SandboxLimits = CODE_LIMITS) -> bool:
     """Every hidden test passes: the program, then the asserts, then a secret marker, in one sandbox call.
 
-    The marker is a fresh random token, so a program cannot fake success by printing it.
+    The marker is a fresh random token, so a program cannot fake success by printing it. The call obeys the
+    process's sandbox policy (coa.tools.sandbox.check_policy; strict if never set): under strict, a machine
+    without namespaces raises SandboxUnavailable here rather than run the tests unisolated.
     """
     if not tests or not prediction.strip():
         return False

@@ -27,6 +27,7 @@ from coa.filters.difficulty import rejects, sample_closed_book, summary, task_st
 from coa.io import read_table, write_rejects, write_table
 from coa.rollout.types import Sampling
 from coa.runtime import close_engine, engine_dtype, engine_from
+from coa.tools.sandbox import check_policy
 from schemas import TASK_STATS_DTYPES, Task, TaskStats
 from stages._stage import Stage
 
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
                              "difficulty.model_path at a model folder, or set difficulty.domains: [] (no filter)")
         samples, sample_s = {}, 0.0
         if todo:  # nothing covered (difficulty.domains: []): every task passes, no reference is loaded
+            check_policy(st.params.common.tools.sandbox)  # a code task's hidden tests run in the sandbox
             engine = engine_from(cfg.engine, cfg.model_path)
             st.compute = compute_facts(engine_dtype(cfg.engine))
             sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p,

@@ -34,7 +34,12 @@ ADAPTER_KINDS = ("hotpotqa", "nq", "triviaqa", "2wiki", "musique", "popqa", "bam
 @dataclass(frozen=True)
 class CrawlConfig:
     timeout_s: float = _help("Seconds per HTTP request (connect and each read).")
-    max_bytes: int = _help("A page's body is cut at this many bytes (the rest is never read).")
+    deadline_s: float = _help("Seconds per fetch in all (robots.txt, redirects, retries, connect, headers, body): "
+                              "timeout_s alone does not bound a page that drips.")
+    max_bytes: int = _help("A page's body is cut at this many bytes, counted decoded (the rest is never read).")
+    extract_timeout_s: float = _help("Seconds to extract a page's text (in a worker process, killed past them).")
+    max_pdf_pages: int = _help("A PDF's text is read from its first max_pdf_pages pages.")
+    max_text_chars: int = _help("A page's extracted text is cut at this many characters.")
     max_redirects: int = _help("Redirects followed per URL; each hop is checked against the URL policy.")
     max_concurrency: int = _help("Pages fetched at once across the stage's threads.")
     max_retries: int = _help("Retries (with backoff) on connection errors, timeouts, 429 and 5xx.")
@@ -47,7 +52,11 @@ class CrawlConfig:
 
     def __post_init__(self) -> None:
         _require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        _require(self.deadline_s >= self.timeout_s, "deadline_s", "must be >= timeout_s")
         _require(self.max_bytes >= 1024, "max_bytes", "must be >= 1024")
+        _require(self.extract_timeout_s > 0, "extract_timeout_s", "must be > 0")
+        _require(self.max_pdf_pages >= 1, "max_pdf_pages", "must be >= 1")
+        _require(self.max_text_chars >= 1, "max_text_chars", "must be >= 1")
         _require(0 <= self.max_redirects <= 20, "max_redirects", "must be in [0, 20]")
         _require(self.max_concurrency >= 1, "max_concurrency", "must be >= 1")
         _require(self.max_retries >= 0, "max_retries", "must be >= 0")
@@ -85,11 +94,18 @@ class ToolsConfig:
     snippet_chars: int = _help("Longest snippet per search result.")
     page_chars: int = _help("crawl_page: longest page text per URL.")
     max_observation_chars: int = _help("Every observation is capped at this length (reference: 1536).")
-    code_wall_time_s: float = _help("Python sandbox: wall-time limit per call.")
+    code_cpu_time_s: int = _help(
+        "Python sandbox: CPU seconds per process of a call (RLIMIT_CPU), the program's time limit: it does not "
+        "stretch under load, so an observation is the same on a busy machine.")
+    code_wall_time_s: float = _help(
+        "Python sandbox: wall-clock backstop per call (for programs that sleep or wait), several times "
+        "code_cpu_time_s so that load never turns a CPU-limit or memory-error observation into a timeout.")
     sandbox: Literal["strict", "permissive"] = _help(
-        "Python sandbox policy. strict: refuse to start (one line, when the tools are built) where model-written "
-        "code cannot run in namespaces (no network, private /tmp, the project hidden); permissive: fall back to "
-        "rlimits only (network and files reachable) with a warning, as on macOS or a locked-down container.")
+        "Python sandbox policy, obeyed wherever code runs (the code tool and the checker's hidden tests). strict: "
+        "refuse (one line, when the tools are built, and at any later call) where model-written code cannot run in "
+        "namespaces (no network, every mount read-only, private /tmp, the project hidden); permissive: fall back "
+        "to rlimits, a scratch dir and killing every process it started (network and files reachable) with a "
+        "warning, as on macOS or a locked-down container.")
     crawl_provider: Literal["index", "http"] = _help(
         "index: crawl_page reads pages of the local corpus (data/index); http: it fetches each URL from the web "
         "(the crawl section is its URL policy).")
@@ -109,6 +125,9 @@ class ToolsConfig:
         for name in ("search_top_k", "snippet_chars", "page_chars", "max_observation_chars"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(0 < self.code_wall_time_s <= 600, "code_wall_time_s", "must be in (0, 600]")
+        _require(1 <= self.code_cpu_time_s <= 600, "code_cpu_time_s", "must be in [1, 600]")
+        _require(self.code_wall_time_s >= self.code_cpu_time_s, "code_wall_time_s",
+                 "must be >= code_cpu_time_s (the wall clock is only a backstop)")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ def code_tool(limits: Any) -> Tool:
 def build(cfg: Any, ctx: ToolContext) -> Tool:
     from coa.tools.sandbox import SandboxLimits
 
-    return code_tool(SandboxLimits(wall_time_s=cfg.code_wall_time_s, max_output_chars=cfg.max_observation_chars))
+    return code_tool(SandboxLimits(cpu_time_s=cfg.code_cpu_time_s, wall_time_s=cfg.code_wall_time_s,
+                                   max_output_chars=cfg.max_observation_chars))
 
 
 SPEC = ToolSpec(tag="code", domains=("math", "code"), body="```python ...```",

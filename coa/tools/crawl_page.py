@@ -8,15 +8,19 @@ URL policy of `common.tools.crawl` (coa.tools.fetch: timeouts, size cap, redirec
 private addresses) and extracts its main text; with `common.tools.summariser` enabled, an LLM condenses
 each page against the agent's goal (the task's question), as the paper's crawl tool does. With
 `common.tools.web_cache` record/replay, every page (raw bytes and text) and summary goes through the
-store, failures included, so a replay answers exactly as the recorded run was answered.
+store, failures included (whatever failed: a hostile page's every trick ends as a FetchError, see
+coa.tools.fetch), so a replay answers exactly as the recorded run was answered.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 from coa.tools.spec import GOAL, Tool, ToolContext, ToolSpec
+
+log = logging.getLogger(__name__)
 
 
 def crawl_urls(content: str) -> list[str]:
@@ -64,7 +68,7 @@ def index_pages(index: Any) -> Any:
 
 def web_pages(fetcher: Any, store: Any = None) -> Any:
     """Pages fetched live by `fetcher` (coa.tools.fetch.Fetcher), through `store` when recording/replaying."""
-    from coa.tools.fetch import FetchError
+    from coa.tools.fetch import FetchError, failure
     from coa.tools.webcache import ReplayMiss
 
     def live(url: str) -> dict:
@@ -72,6 +76,9 @@ def web_pages(fetcher: Any, store: Any = None) -> Any:
             page = fetcher.fetch(url)
         except FetchError as err:
             return {"error": str(err)}
+        except Exception as err:  # a bug of ours, not the page's: still the agent's observation, and recorded
+            log.exception("crawl_page: fetching %s", url)
+            return {"error": failure("could not fetch the page", err)}
         raw = store.put_blob(page.raw) if store is not None else None
         return {"final_url": page.final_url, "status": page.status, "content_type": page.content_type,
                 "title": page.title, "text": page.text, "truncated": page.truncated, "raw": raw}

@@ -2,31 +2,48 @@
 
 :func:`run_python` starts a fresh, isolated process tree for every call and never raises for
 anything the code does: errors, timeouts and limit hits come back as text.  Isolation is enforced
-by the operating system, never by patching Python inside the sandbox:
+by the operating system, never by patching Python inside the sandbox, and it fails closed: a step
+of it that does not take means the program does not run.
 
 * **Namespaces** (``unshare --mount --net --pid --ipc --uts --fork --kill-child --mount-proc``):
-  no network (a loopback interface that is down), its own process tree (``/proc`` shows only the
-  sandbox; when its init exits, the kernel kills every process left in it) and its own mounts.
+  no network (a loopback interface that is down; abstract unix sockets are the namespace's own),
+  its own process tree (``/proc`` shows only the sandbox; when its init exits, the kernel kills
+  every process left in it) and its own mounts.
 * **A supervisor** (:data:`_SUPERVISOR`, a small root Python script, pid 1 of those namespaces)
-  makes ``/`` read-only, mounts private tmpfs (``disk_mb`` each) on ``/tmp``, ``/var/tmp`` and
-  ``/dev/shm``, hides :data:`HIDDEN_DIRS` and this project behind empty read-only tmpfs, creates
-  the scratch dir ``/tmp/sandbox`` (mode 0700, uid 65534) and forks the program.  It
-  enforces the wall time, forwards at most :data:`OUTPUT_BYTE_CAP` bytes of output (then kills
-  the program) and reports how the program ended.
+  makes the *whole* mount tree private and read-only (``mount_setattr(AT_RECURSIVE,
+  MOUNT_ATTR_RDONLY)`` on Linux >= 5.12, else a read-only bind remount of every mount in
+  ``/proc/self/mountinfo``; :data:`READ_ONLY_STEPS`), checks every mount in mountinfo and refuses
+  to run the program if one is still writable (``SandboxError: ... could not make every mount
+  read-only``).  Then it hides :data:`HIDDEN_DIRS` and this project behind empty read-only tmpfs,
+  mounts private writable tmpfs (``disk_mb`` each) on ``/tmp``, ``/var/tmp`` and ``/dev/shm``,
+  creates the scratch dir ``/tmp/sandbox`` (mode 0700, uid 65534) and forks the program.  It
+  enforces the wall-clock backstop, forwards at most :data:`OUTPUT_BYTE_CAP` bytes of output
+  (then kills the program) and reports how the program ended.
 * **The program** runs as uid/gid 65534 (nobody/nogroup) without supplementary groups or
   capabilities, with ``no_new_privs``, a fixed environment (nothing from ``os.environ``) and
-  rlimits on CPU time, address space, processes, file size, open files and core dumps.
+  rlimits on CPU time, address space, processes, file size, open files and core dumps.  Its time
+  limit is CPU time (``cpu_time_s``), which does not stretch on a busy machine, so an observation
+  does not depend on load; the wall clock (``wall_time_s``, several times longer) is only a
+  backstop for programs that sleep or wait.
 * Files live only in the tmpfs mounts, which vanish with the namespace: nothing outlives a call.
+  What stays reachable: files uid 65534 may read outside the hidden dirs (read-only), and unix
+  sockets in visible directories that uid 65534 may write (none in the hidden ``/run``).
 
 Not root (a developer laptop): privileges cannot be dropped, so the same supervisor runs inside
-``unshare --user --map-root-user ...`` (same namespaces and mounts; the program keeps the user's
-uid, without capabilities).  Without user namespaces it falls back to rlimits, a fresh process
-group and a :mod:`tempfile` scratch dir.  Either way a warning is logged once, saying what is missing.
+``unshare --user --map-root-user ...`` (same namespaces, read-only mounts and tmpfs; the program
+keeps the user's uid, without capabilities).  Without user namespaces it falls back to rlimits, a
+scratch dir (also ``HOME`` and ``TMPDIR``) removed after the call, the fixed environment, and a
+supervisor that is the program's child subreaper (``PR_SET_CHILD_SUBREAPER``), so it kills every
+descendant after the call, ``setsid`` and double-forked daemons included.  Either way a warning is
+logged once, saying exactly what stays open (:func:`reduced_isolation`: in the fallback the
+network, files outside the scratch dir, and as non-root your processes and their environments).
 
-The policy (``common.tools.sandbox``) is applied once, before any call, by :func:`check_policy`
-(``build_tools`` calls it): ``strict`` refuses to run model-written code without namespaces
-(:class:`SandboxUnavailable`, one line that says why and what to do); ``permissive`` allows the
-rlimits-only fallback with the warning.
+The policy (``common.tools.sandbox``) is one per process, set by :func:`check_policy` (``build_tools``
+calls it, so a strict config refuses up front) and read by every :func:`run_python` at the point of
+execution, so the checker's path (``coa.rewards.check``, which builds no tools) obeys it too.
+``strict`` (also the policy of a process that never set one) never runs model-written code without
+namespaces (:class:`SandboxUnavailable`, one line that says why and what to do); ``permissive``
+allows the fallback with the warning.
 """
 
 from __future__ import annotations
@@ -55,7 +72,12 @@ PYTHON_CANDIDATES = ("/usr/bin/python3",)  # then sys.executable
 # that prints gigabytes costs the caller at most this much memory.
 OUTPUT_BYTE_CAP = 1 << 20
 # Extra seconds the caller waits beyond wall_time_s before killing a stuck supervisor itself.
-GRACE_S = 2.0
+GRACE_S = 5.0
+# How the supervisor makes every mount read-only, in order of preference: mount_setattr(2) with
+# AT_RECURSIVE (Linux >= 5.12, one call for the whole tree), then a read-only bind remount of each
+# mount in /proc/self/mountinfo.  After each it checks every mount; if one is still writable after the
+# last, it refuses to run the program (tests empty this to see that refusal).
+READ_ONLY_STEPS = ("setattr", "remount")
 # Mounted over with an empty read-only tmpfs, besides this project's root (data, answers): nothing
 # to read there, and no daemon's unix socket to reach in /run.
 HIDDEN_DIRS = ("/root", "/home", "/run")
@@ -68,14 +90,27 @@ POLICIES = ("strict", "permissive")  # common.tools.sandbox
 
 class SandboxUnavailable(SystemExit):
     """``strict`` where namespaces are unavailable: one line (a SystemExit, so a stage or ``coa solve`` ends with
-    that line, never a traceback), raised before any model-written code runs."""
+    that line, never a traceback), raised before any model-written code runs: by :func:`check_policy` when the
+    tools are built, and by :func:`run_python` itself (the checker's path, ``coa.rewards.check``, builds no tools)."""
+
+
+# The policy of this process, set by check_policy (build_tools calls it with common.tools.sandbox) and read
+# by every call at the point of execution.  None (never set) counts as strict: a process that never read
+# its config must not run model-written code unisolated.
+_policy: str | None = None
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-call limits.  ``python=None`` picks the first interpreter uid 65534 can execute."""
+    """Per-call limits.  ``python=None`` picks the first interpreter uid 65534 can execute.
 
-    wall_time_s: float = 5.0
+    ``cpu_time_s`` (RLIMIT_CPU, per process) is the program's time limit: CPU seconds do not stretch
+    when the machine is busy, so a program's observation is the same on an idle and a loaded machine.
+    ``wall_time_s`` is only a backstop, several times longer, for programs that wait without using
+    CPU (``time.sleep``, a blocked read) or spread their work over many processes.
+    """
+
+    wall_time_s: float = 20.0
     cpu_time_s: int = 5
     memory_mb: int = 512  # address space (RLIMIT_AS)
     # RLIMIT_NPROC counts every task (process or thread) of uid 65534 on the machine, across
@@ -94,10 +129,14 @@ class SandboxLimits:
 # program runs with `-s -B -u` rather than `-I`: its environment is fixed anyway, and `-I` would
 # ignore PYTHONHASHSEED=0; `-u` keeps stdout and stderr in order.
 _SUPERVISOR = r"""
-import ctypes, os, resource, select, signal, sys, time
+import codecs, ctypes, os, resource, select, signal, sys, time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
-PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, NOBODY, MB = 24, 38, 65534, 1 << 20
+MS_REC, MS_PRIVATE, MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 16384, 1 << 18, 1024, 2048, 1 << 21
+LOCKED = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+          "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}  # a remount must keep these (user namespaces)
+SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1  # Linux >= 5.12
+PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, NOBODY, MB = 24, 36, 38, 65534, 1 << 20
 libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -110,6 +149,35 @@ def mount_tmpfs(target, flags, opts):
     check(libc.mount(b"tmpfs", target.encode(), b"tmpfs", flags, opts.encode()), "mount " + target)
 
 
+def mounts():
+    # {mount point: its per-mount options} of every mount visible here (the topmost one per mount point)
+    table = {}
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split()
+            table[codecs.escape_decode(fields[4])[0]] = fields[5].decode().split(",")
+    return table
+
+
+def make_read_only(steps):
+    # Every mount of this (private) mount namespace read-only, or refuse: a host mount left writable
+    # (a bind mount, a tmpfs elsewhere) would let the program leave files behind.
+    check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    for step in steps:
+        if step == "setattr":  # the whole tree in one call, new mounts under it included
+            attr = (ctypes.c_uint64 * 4)(MOUNT_ATTR_RDONLY, 0, 0, 0)
+            libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, attr, ctypes.sizeof(attr))
+        elif step == "remount":  # older kernels: each mount in turn, keeping the flags it is locked with
+            for target, opts in mounts().items():
+                extra = sum(LOCKED.get(o, 0) for o in opts)
+                libc.mount(b"none", target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | extra, None)
+        if all("ro" in opts for opts in mounts().values()):
+            return
+    writable = [t.decode(errors="replace") for t, opts in mounts().items() if "ro" not in opts]
+    raise OSError(f"could not make every mount read-only ({', '.join(writable[:4])} still writable), so the "
+                  "program was not run")
+
+
 def tasks_of(uid):
     n = 0
     for p in filter(str.isdigit, os.listdir("/proc")):
@@ -118,6 +186,41 @@ def tasks_of(uid):
         except OSError:
             pass
     return n
+
+
+def descendants(me):
+    children = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                children.setdefault(int(f.read().rsplit(b")", 1)[1].split()[1]), []).append(int(p))
+        except (OSError, IndexError, ValueError):
+            pass
+    found, todo = [], list(children.get(me, ()))
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], ()))
+    return found
+
+
+def kill_descendants():
+    # No pid namespace: this process is the program's child subreaper, so every process the program
+    # left (setsid, double fork and all) is a descendant of ours; kill them until none is left.
+    deadline = time.monotonic() + 3  # well inside the caller's GRACE_S
+    while True:
+        for p in descendants(os.getpid()):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return  # no child, so no descendant at all
+        if time.monotonic() > deadline:
+            raise OSError("processes the program started survived SIGKILL for 3 s")
+        time.sleep(0.002)
 
 
 def become_program(w, scratch, python, namespaces, drop, rlimits):
@@ -152,18 +255,21 @@ def become_program(w, scratch, python, namespaces, drop, rlimits):
 def main(argv):
     namespaces, drop, scratch, python, code_fd = argv[0] == "1", argv[1] == "1", argv[2], argv[3], int(argv[4])
     wall, cpu, mem_mb, nproc, fsize_mb, disk_mb, cap = (float(a) for a in argv[5:12])
+    read_only_steps, hidden = argv[12].split(","), argv[13:]
     if namespaces:
-        libc.mount(b"none", b"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)  # best effort
+        make_read_only(read_only_steps)
         # hide first: a project checked out under /tmp is then covered twice, not looked up after /tmp is replaced
-        for d in argv[12:]:
+        for d in hidden:
             if os.path.isdir(d):
                 mount_tmpfs(d, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
         for d in ("/tmp", "/var/tmp", "/dev/shm"):
             if os.path.isdir(d):
                 mount_tmpfs(d, MS_NOSUID | MS_NODEV, f"size={int(disk_mb)}m,mode=1777")
         os.mkdir(scratch, 0o700)
-    elif not drop:  # the current user's own uid: its existing tasks count towards the limit
-        nproc += tasks_of(os.getuid())
+    else:
+        check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(CHILD_SUBREAPER)")
+        if not drop:  # the current user's own uid: its existing tasks count towards the limit
+            nproc += tasks_of(os.getuid())
     main_py = os.path.join(scratch, "main.py")
     with open(code_fd, "rb") as src, open(os.open(main_py, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as dst:
         dst.write(src.read())
@@ -212,7 +318,7 @@ def main(argv):
             status, usage = (st, ru) if done else (None, None)
     if status is None:  # timeout or too much output
         try:
-            (os.kill if namespaces else os.killpg)(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
         _, status, usage = os.wait4(pid, 0)
@@ -223,11 +329,8 @@ def main(argv):
                 pump()
         except BlockingIOError:
             pass
-    if not namespaces:  # no pid namespace to end the stragglers: kill the program's group
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    if not namespaces:  # no pid namespace to end the stragglers when this process exits
+        kill_descendants()
     cpu_used = usage.ru_utime + usage.ru_stime
     report = f"reason={reason}\nstatus={status}\ncpu={cpu_used:.3f}\nbytes={total}\n"
     os.write(2, b"\n@@coa-sandbox-status\n" + report.encode())
@@ -276,16 +379,27 @@ def _probe_isolation() -> _Isolation:
 
 
 def reduced_isolation(iso: _Isolation) -> str:
-    """What this machine's sandbox lacks, as one warning line; "" for the full isolation (root, namespaces)."""
+    """What this machine's sandbox lacks, as one warning line; "" for the full isolation (root, namespaces).
+
+    The line says exactly what stays open to the program, so that ``permissive`` is a choice made knowingly."""
     who = f"uid {NOBODY}" if iso.drop else "your own user"
     if iso.prefix:
         return "" if iso.drop else (
-            "coa sandbox: not root, so model-written code runs in user namespaces (no network, private /tmp, this "
-            f"project hidden) as {who} rather than uid {NOBODY}; run as root for the full privilege drop")
-    reach = ("every world-readable file" if iso.drop else "every file you can, this project included")
+            "coa sandbox: not root, so model-written code runs in user namespaces (no network, every mount "
+            f"read-only, private /tmp, this project hidden) as {who} rather than uid {NOBODY}: it can read "
+            "every file your user can outside the hidden dirs; run as root for the full privilege drop")
+    if iso.drop:
+        still = ("every world-readable file, world-writable dirs such as /tmp (files written outside its scratch "
+                 "dir stay and can fill the host's disk) and the host's process list")
+    else:
+        still = ("every file your user can read or write, this project included (files written outside its "
+                 "scratch dir stay and can fill the host's disk), and your processes: it can signal them (its "
+                 "supervisor too, after which what it started may outlive the call) and read their environments, "
+                 "API keys included, through /proc")
     return (f"coa sandbox: no namespace isolation ({iso.why or 'unavailable'}): model-written code runs as {who} "
-            f"with rlimits only, so it has the network, reads {reach}, writes /tmp and sees the host's processes "
-            "(common.tools.sandbox: permissive allows this; strict refuses it)")
+            "with rlimits only, a fixed environment and a scratch dir removed after each call, and every process "
+            f"it starts is killed after the call; still open to it: the network (the host's loopback services "
+            f"included), {still} (common.tools.sandbox: permissive allows this; strict refuses it)")
 
 
 @functools.cache
@@ -295,20 +409,33 @@ def _warn(message: str) -> None:
 
 
 def check_policy(policy: str) -> None:
-    """Apply ``common.tools.sandbox`` before any call: ``strict`` raises :class:`SandboxUnavailable` where
-    namespaces are unavailable; ``permissive`` (or strict where they are available) logs, once, what is missing."""
+    """Set this process's sandbox policy (``common.tools.sandbox``) and apply it before any call: ``strict``
+    raises :class:`SandboxUnavailable` where namespaces are unavailable; ``permissive`` (or strict where they
+    are available) logs, once, what is missing.  Every later :func:`run_python` reads the policy set here."""
+    global _policy
     if policy not in POLICIES:
         raise ValueError(f"sandbox policy must be one of {list(POLICIES)}, got {policy!r}")
+    _policy = policy
     iso = _isolation()
     if policy == "strict" and not iso.prefix:
-        raise SandboxUnavailable(
-            f"common.tools.sandbox is strict, but this machine cannot isolate model-written code in namespaces "
-            f"({iso.why or 'unavailable'}): enable unprivileged user namespaces (sysctl -w "
+        raise SandboxUnavailable(_refusal(iso))
+    if message := reduced_isolation(iso):
+        _warn(message)
+
+
+def current_policy() -> str:
+    """The policy every call obeys: the one :func:`check_policy` set, ``strict`` if none was."""
+    return _policy or "strict"
+
+
+def _refusal(iso: _Isolation) -> str:
+    unset = "" if _policy else ("the sandbox policy was never set in this process (coa.tools.sandbox.check_policy("
+                                "common.tools.sandbox) sets it; build_tools calls it), so it is strict: ")
+    return (f"{unset}common.tools.sandbox is strict, but this machine cannot isolate model-written code in "
+            f"namespaces ({iso.why or 'unavailable'}): enable unprivileged user namespaces (sysctl -w "
             "kernel.unprivileged_userns_clone=1; Ubuntu 24.04: sysctl -w kernel.apparmor_restrict_unprivileged_userns=0; "
             "a container: allow unshare, e.g. docker run --security-opt seccomp=unconfined), run on Linux as root, "
             "or set common.tools.sandbox: permissive (rlimits only: network and files reachable)")
-    if message := reduced_isolation(iso):
-        _warn(message)
 
 
 def _runs_unprivileged(python: str) -> bool:
@@ -356,7 +483,10 @@ def run_python(code: str, stdin: str = "", *, limits: SandboxLimits | None = Non
     ``limits.max_output_chars`` with a visible marker, then one line on how it ended if it did not
     exit cleanly (``[exit code 1]``, ``TimeoutError: ...``, ``[killed by signal SIGSEGV: ...]``);
     ``(no output)`` if there is nothing to show.  Never raises for anything the code does; a failure
-    of the sandbox itself (say, no file descriptors left) comes back as ``SandboxError: ...``.
+    of the sandbox itself (say, no file descriptors left, or a mount it cannot make read-only) comes back
+    as ``SandboxError: ...``, and the program is then not run.  Under the ``strict`` policy (see
+    :func:`check_policy`; the default of a process that never set one) a machine without namespaces
+    raises :class:`SandboxUnavailable` here: never a silent run without isolation.
     """
     try:
         return _run(code, stdin, limits or SandboxLimits())
@@ -366,6 +496,8 @@ def run_python(code: str, stdin: str = "", *, limits: SandboxLimits | None = Non
 
 def _run(code: str, stdin: str, limits: SandboxLimits) -> str:
     iso = _isolation()
+    if not iso.prefix and current_policy() == "strict":  # read here, where code runs: no unisolated fallback
+        raise SandboxUnavailable(_refusal(iso))
     if message := reduced_isolation(iso):  # a caller that skipped check_policy still hears it, once
         _warn(message)
     python = limits.python or default_python()
@@ -378,7 +510,7 @@ def _run(code: str, stdin: str, limits: SandboxLimits) -> str:
     args = [
         str(int(bool(iso.prefix))), str(int(iso.drop)), scratch, python, str(code_fd),
         *map(str, (limits.wall_time_s, limits.cpu_time_s, limits.memory_mb, limits.max_processes)),
-        *map(str, (limits.max_file_mb, limits.disk_mb, byte_cap)), *_hidden_dirs(python),
+        *map(str, (limits.max_file_mb, limits.disk_mb, byte_cap)), ",".join(READ_ONLY_STEPS), *_hidden_dirs(python),
     ]  # fmt: skip
     try:
         proc = subprocess.Popen(
@@ -388,7 +520,7 @@ def _run(code: str, stdin: str, limits: SandboxLimits) -> str:
         )  # fmt: skip
     except OSError as exc:
         if host_scratch:
-            shutil.rmtree(host_scratch, ignore_errors=True)
+            _remove_tree(host_scratch)
         return f"SandboxError: could not start the sandbox: {exc}"
     finally:
         os.close(code_fd)
@@ -406,24 +538,58 @@ def _run(code: str, stdin: str, limits: SandboxLimits) -> str:
             _kill_call(proc)
             proc.wait()
         if host_scratch:
-            shutil.rmtree(host_scratch, ignore_errors=True)
+            _remove_tree(host_scratch)
     if host_scratch:  # the fallback's scratch dir is random: show it at the fixed path
         out = out.replace(host_scratch.encode(), SCRATCH.encode())
     return _observation(out, status, limits, byte_cap)
 
 
 def _kill_call(proc: subprocess.Popen) -> None:
-    """SIGKILL the call's process group and the supervisor's children (namespace init or program
-    group); wait up to 2 s until they are gone."""
-    children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == proc.pid]
-    for pid, kill in [(proc.pid, os.killpg)] + [(c, f) for c in children for f in (os.killpg, os.kill)]:
-        try:
-            kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    """SIGKILL a stuck supervisor and every descendant of it (the namespace's init, or in the fallback the
+    program and whatever it started: the supervisor is their subreaper, so a setsid or double-forked
+    process is still below it); repeat for up to 2 s until none is left."""
     deadline = time.monotonic() + 2.0
-    while any(os.path.exists(f"/proc/{c}") for c in children) and time.monotonic() < deadline:
+    while True:
+        tree = _descendants(proc.pid)
+        for pid in [proc.pid, *tree]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if not tree or time.monotonic() > deadline:
+            return
         time.sleep(0.01)
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            children.setdefault(_ppid(p), []).append(int(p))
+    found, todo = [], list(children.get(root, ()))
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], ()))
+    return found
+
+
+def _remove_tree(path: str) -> None:
+    """Remove the fallback's scratch dir, also where the program left directories without write or search
+    permission (as a non-root user, rmtree alone would leave those behind)."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return
+    if not os.path.islink(path):
+        os.chmod(path, 0o700)
+    for dirpath, dirnames, _ in os.walk(path):
+        for d in dirnames:
+            full = os.path.join(dirpath, d)
+            if not os.path.islink(full):
+                try:
+                    os.chmod(full, 0o700)
+                except OSError:
+                    pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _ppid(pid: str) -> int:

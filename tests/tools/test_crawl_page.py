@@ -39,7 +39,8 @@ FORUM = (b"<html><head><title>Pigment forum</title></head><body><main><article><
          b"</body></html>")
 BOILERPLATE = ("cookies", "About us", "Shop now", "Top 10 chemicals", "Copyright", "Privacy policy")
 RESOLVES = {"intranet.test": "10.0.0.5"}
-CRAWL_POLICY = dict(timeout_s=0.75, max_bytes=4096, max_redirects=3, max_concurrency=4, max_retries=1,
+CRAWL_POLICY = dict(timeout_s=0.75, deadline_s=10.0, max_bytes=4096, extract_timeout_s=20.0, max_pdf_pages=50,
+                    max_text_chars=200_000, max_redirects=3, max_concurrency=4, max_retries=1,
                     robots_txt="obey", allow_hosts=["127.0.0.1"], user_agent="coa-test/1.0")
 
 
@@ -384,3 +385,17 @@ def test_replay_needs_no_search_api_key(tmp_path, monkeypatch):
     monkeypatch.delenv(KEY_ENV)
     tools = session(p, WebStore(tmp_path, "replay"))
     assert tools(SEARCH.tag, "Orvane Labs").startswith("## Web Results\nNo results found")
+
+
+def test_a_fetch_that_fails_unexpectedly_is_an_observation_recorded_and_replayed(tmp_path):
+    """A fetcher's bug (any exception, not a FetchError) is the page's error, stored like any outcome: the replay
+    answers what the recorded run was answered, not "not in the replay store"."""
+    from coa.tools.crawl_page import web_pages
+
+    class Broken:
+        def fetch(self, url):
+            raise ValueError("Invalid IPv6 URL")
+
+    recorded = web_pages(Broken(), WebStore(tmp_path, "record"))("http://a.example/")
+    assert recorded == "could not fetch the page (ValueError: Invalid IPv6 URL)"
+    assert web_pages(None, WebStore(tmp_path, "replay"))("http://a.example/") == recorded

@@ -4,6 +4,7 @@ any connection to an address other than 127.0.0.1 fails the test."""
 
 from __future__ import annotations
 
+import gzip
 import ipaddress
 import socket
 import ssl
@@ -77,6 +78,7 @@ def serve_site(web: WebServer) -> WebServer:
                                  else Reply(200, "text/plain", b"ok now")),
         "/down": Reply(503, "text/plain", b"busy"),
         "/blob": Reply(content_type="application/octet-stream", body=b"\x00\x01"),
+        "/article.gz": Reply(body=gzip.compress(ARTICLE), headers={"Content-Encoding": "gzip"}),
     })
     return web
 
@@ -124,7 +126,8 @@ def resolve(host, port, *args, **kwargs):
 
 
 def crawl(**over) -> CrawlConfig:
-    cfg = dict(timeout_s=2.0, max_bytes=65536, max_redirects=3, max_concurrency=4, max_retries=2, robots_txt="obey",
+    cfg = dict(timeout_s=2.0, deadline_s=10.0, max_bytes=65536, extract_timeout_s=20.0, max_pdf_pages=50,
+               max_text_chars=200_000, max_redirects=3, max_concurrency=4, max_retries=2, robots_txt="obey",
                allow_hosts=["127.0.0.1"], user_agent="coa-test/1.0")
     return CrawlConfig(**{**cfg, **over})
 
@@ -141,6 +144,12 @@ def test_html_main_text_without_boilerplate(site):
     for boilerplate in ("cookies", "About us", "Shop now", "Top 10 chemicals", "Copyright", "Privacy policy"):
         assert boilerplate not in page.text
     assert page.raw == ARTICLE and page.content_type.startswith("text/html")
+
+
+def test_a_gzipped_page_is_decoded_and_only_what_we_decode_is_asked_for(site, web):
+    page = fetcher().fetch(f"{site}/article.gz")
+    assert page.raw == ARTICLE and "Marta Kellon founded in 1952" in page.text
+    assert web.requests[-1][2]["accept-encoding"] == "gzip, deflate"  # no br, no zstd: their output is unbounded
 
 
 def test_redirects_within_the_limit_are_followed_beyond_it_refused(site):
