@@ -199,12 +199,23 @@ def _stop_idle() -> None:
             worker.stdout.close()
 
 
+def _exit_with_parent(parent: int) -> None:
+    """End the worker once the process that started it is gone (a stage killed with SIGKILL), even in the middle
+    of a page. Not the kernel's parent-death signal: that fires when the parent's *thread* ends, and workers
+    are started by the crawl's pool threads but outlive them, shared by every later fetch."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
 def _serve() -> None:
     """The worker's loop: a request in, (ok, title, text) or (error, message) out, until end of file."""
     import resource
 
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a library's print must not corrupt the replies
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY if hard == resource.RLIM_INFINITY
                                             else min(_WORKER_MEMORY, hard), hard))

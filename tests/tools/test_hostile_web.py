@@ -6,10 +6,12 @@ loopback: any connection to an address other than 127.0.0.1 fails the test."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -329,3 +331,36 @@ def test_every_outcome_is_recorded_and_replayed(tmp_path):
     assert replayed == recorded
     assert [isinstance(r, str) for r in recorded] == [True, False, True, True, True, False, True, False, True]
     assert not [r for r in recorded if isinstance(r, str) and "replay" in r]
+
+
+def test_an_extraction_worker_ends_with_the_process_that_started_it(tmp_path):
+    """A stage killed with SIGKILL in the middle of a slow page leaves no extraction worker behind (issue 43)."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import os, sys\nfrom coa.tools.extract import Extractor\n"
+        "page = b'<html><body><div ' + b' '.join(b'a%d=\"x\"' % i for i in range(200000)) + b'>hi</div></body></html>'\n"
+        "print(os.getpid(), flush=True)\nExtractor(120, 5, 1000)(page, 'text/html', 'http://x/')\n")
+    root = Path(__file__).resolve().parents[2]
+    owner = subprocess.Popen([sys.executable, str(script)], cwd=root, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(root)})
+    owner.stdout.readline()
+    deadline = time.monotonic() + 30
+    workers: list[int] = []
+    while not workers and time.monotonic() < deadline:
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(owner.pid)], capture_output=True,
+                                                  text=True).stdout.split()]
+        time.sleep(0.1)
+    assert workers, "the owner started no worker"
+    time.sleep(1.0)  # the worker is parsing the page now
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    deadline = time.monotonic() + 5
+    while any(Path(f"/proc/{w}").exists() for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [w for w in workers if Path(f"/proc/{w}").exists()
+             and "zombie" not in Path(f"/proc/{w}/status").read_text().lower()]
+    assert alive == []
