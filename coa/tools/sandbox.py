@@ -25,8 +25,9 @@ of it that does not take means the program does not run.
   limit is CPU time (``cpu_time_s``), which does not stretch on a busy machine, so an observation
   does not depend on load; the wall clock (``wall_time_s``, several times longer) is only a
   backstop for programs that sleep or wait.
-* Files live only in the tmpfs mounts, which vanish with the namespace: nothing outlives a call.
-  What stays reachable: files uid 65534 may read outside the hidden dirs (read-only), and unix
+* Files live only in the tmpfs mounts, which vanish with the namespace: nothing outlives a call,
+  nor a caller killed mid-call: every call starts under ``setpriv --pdeathsig KILL`` (:data:`DIE_WITH_CALLER`),
+  so the kernel kills ``unshare`` with the caller's thread and ``--kill-child`` ends the namespace.  What stays reachable: files uid 65534 may read outside the hidden dirs (read-only), and unix
   sockets in visible directories that uid 65534 may write (none in the hidden ``/run``).
 
 Not root (a developer laptop): privileges cannot be dropped, so the same supervisor runs inside
@@ -34,7 +35,8 @@ Not root (a developer laptop): privileges cannot be dropped, so the same supervi
 keeps the user's uid, without capabilities).  Without user namespaces it falls back to rlimits, a
 scratch dir (also ``HOME`` and ``TMPDIR``) removed after the call, the fixed environment, and a
 supervisor that is the program's child subreaper (``PR_SET_CHILD_SUBREAPER``), so it kills every
-descendant after the call, ``setsid`` and double-forked daemons included.  Either way a warning is
+descendant after the call, ``setsid`` and double-forked daemons included (the program also dies with
+the supervisor; a killed caller's scratch dir, named with its pid, is removed by the next caller).  Either way a warning is
 logged once, saying exactly what stays open (:func:`reduced_isolation`: in the fallback the
 network, files outside the scratch dir, and as non-root your processes and their environments).
 
@@ -67,6 +69,12 @@ log = logging.getLogger(__name__)
 
 NOBODY = 65534  # uid and gid of nobody/nogroup
 UNSHARE = "/usr/bin/unshare"
+SETPRIV = "/usr/bin/setpriv"
+# Every call starts under `setpriv --pdeathsig KILL` (util-linux, beside unshare): the kernel kills it when the
+# thread that started it ends, so a stage killed with SIGKILL mid-call leaves no sandbox behind (unshare's
+# --kill-child then ends the namespace's init, and with it every process in the namespace). The thread waits
+# for the call, so this never fires while the caller lives. Without setpriv the wall-clock limit ends it.
+DIE_WITH_CALLER = (SETPRIV, "--pdeathsig", "KILL") if os.path.exists(SETPRIV) else ()
 PYTHON_CANDIDATES = ("/usr/bin/python3",)  # then sys.executable
 # The supervisor forwards at most this many bytes of output, then kills the program: a process
 # that prints gigabytes costs the caller at most this much memory.
@@ -136,7 +144,7 @@ MS_REC, MS_PRIVATE, MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 16384, 1 << 18, 102
 LOCKED = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
           "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}  # a remount must keep these (user namespaces)
 SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1  # Linux >= 5.12
-PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, NOBODY, MB = 24, 36, 38, 65534, 1 << 20
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, NOBODY, MB = 1, 24, 36, 38, 65534, 1 << 20
 libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -241,6 +249,9 @@ def become_program(w, scratch, python, namespaces, drop, rlimits):
             libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
         if drop:
             os.setresuid(NOBODY, NOBODY, NOBODY)
+        # dies with the supervisor (set after the uid change, which clears it): in the fallback, a supervisor
+        # killed with its stage takes the program along (in namespaces the namespace's end does)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "LANG": "C.UTF-8",
                "TMPDIR": "/tmp" if namespaces else scratch, "PYTHONHASHSEED": "0",
@@ -501,7 +512,9 @@ def _run(code: str, stdin: str, limits: SandboxLimits) -> str:
     if message := reduced_isolation(iso):  # a caller that skipped check_policy still hears it, once
         _warn(message)
     python = limits.python or default_python()
-    host_scratch = None if iso.prefix else tempfile.mkdtemp(prefix="coa-sandbox-")
+    if not iso.prefix:
+        _remove_orphaned_scratch()
+    host_scratch = None if iso.prefix else tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
     # With namespaces the scratch dir is created on the sandbox's private /tmp tmpfs, at a fixed path, so
     # tracebacks (and the trajectories that show them) are the same on every run.
     scratch = host_scratch or SCRATCH
@@ -514,7 +527,7 @@ def _run(code: str, stdin: str, limits: SandboxLimits) -> str:
     ]  # fmt: skip
     try:
         proc = subprocess.Popen(
-            [*iso.prefix, python, "-I", "-S", "-c", _SUPERVISOR, *args],
+            [*DIE_WITH_CALLER, *iso.prefix, python, "-I", "-S", "-c", _SUPERVISOR, *args],
             stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(code_fd,),
             env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"}, cwd="/", start_new_session=True,
         )  # fmt: skip
@@ -571,6 +584,25 @@ def _descendants(root: int) -> list[int]:
         found.append(todo.pop())
         todo.extend(children.get(found[-1], ()))
     return found
+
+
+SCRATCH_PREFIX = "coa-sandbox-"  # then the caller's pid: the fallback's scratch dirs in the host's temp dir
+
+
+def _remove_orphaned_scratch() -> None:
+    """Remove the fallback scratch dirs of callers that died mid-call (a stage killed with SIGKILL cannot
+    remove its own), once per process: the next sandboxed run on the machine cleans up after it."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+        pid = path.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            _remove_tree(str(path))
+
+
+_swept = False
 
 
 def _remove_tree(path: str) -> None:

@@ -428,6 +428,48 @@ def test_setsid_double_fork_daemons_die_with_the_call(path):
     assert _procs_with(MARK) == []  # gone when the call returns, not later
 
 
+CALLER = """
+import sys
+from coa.tools import sandbox
+name, code = sys.argv[1], sys.stdin.read()
+base = sandbox._probe_isolation()
+if name == "ns-user":
+    base = sandbox._Isolation(prefix=(sandbox.UNSHARE, "--user", "--map-root-user", *base.prefix[1:]), drop=False)
+elif name == "fallback":
+    base = sandbox._Isolation(prefix=(), drop=True, why="simulated")
+sandbox._isolation = lambda: base
+sandbox.check_policy("permissive")
+print(sandbox.run_python(code, limits=sandbox.SandboxLimits(cpu_time_s=60, wall_time_s=120.0)))
+"""
+
+
+def test_a_caller_killed_mid_call_leaves_no_sandbox(path):
+    """A stage killed with SIGKILL while its program runs leaves none of the call's processes (issue 43): the
+    call starts under `setpriv --pdeathsig KILL` (unshare's --kill-child then ends the namespace; in the
+    fallback the program dies with its supervisor). Before: the program ran on to its wall-clock limit."""
+    code = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(100)', {MARK!r}])\n"
+    root = Path(__file__).resolve().parents[2]
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, path], cwd=root, stdin=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL)
+    caller.stdin.write(code.encode())
+    caller.stdin.close()  # the code on stdin: only the program's command line names the marker
+    deadline = time.monotonic() + 20
+    while not _procs_with(MARK) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_with(MARK), "the program never started"
+    caller.kill()
+    caller.wait()
+    deadline = time.monotonic() + 5
+    while _procs_with(MARK) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_with(MARK) == []
+    if path == "fallback":  # its scratch dir, which it could not remove, goes with the next caller's first call
+        assert list(Path("/tmp").glob(f"coa-sandbox-{caller.pid}-*"))
+        subprocess.run([sys.executable, "-c", CALLER, path], cwd=root, input=b"print(1)", check=True,
+                       env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True)
+        assert not list(Path("/tmp").glob(f"coa-sandbox-{caller.pid}-*"))
+
+
 def test_host_processes_cannot_be_killed_or_traced(path):
     victim = subprocess.Popen(["sleep", "60"])
     try:
