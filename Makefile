@@ -94,7 +94,7 @@ pipeline: setup
 ## The test suite, under 20 minutes on 2 cores: every test not marked slow (the end-to-end dvc repro of every
 ## stage included; GPU tests skip themselves without a GPU), then the vLLM tests in vLLM's environment
 ## (VLLM=0: without them, and without building .venv-vllm). test-slow: the heavier ones; CI runs both.
-VLLM_TESTS := tests/rollout/test_vllm.py tests/rollout/test_vllm_rl.py
+VLLM_TESTS := tests/rollout/test_vllm.py tests/rollout/test_vllm_rl.py tests/rollout/test_vllm_orphans.py
 test: setup $(if $(filter 1,$(VLLM)),vllm)
 	$(BIN)/python -m pytest -m "not vllm and not slow" --durations=15
 ifeq ($(VLLM),1)

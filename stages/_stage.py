@@ -33,7 +33,7 @@ from rich.logging import RichHandler
 from coa.config import ConfigError, Params, load_params, to_dict
 from coa.extensions import own_build_locks, use_extension_folder
 from coa.io import ArtifactError, MissingModelError, write_json
-from coa.launch import launch_ranks, use_vllm_environment
+from coa.launch import kill_point, launch_ranks, own_processes, use_vllm_environment
 from coa.track.registry import register_model
 from coa.track.runs import lineage_tags, stage_run
 
@@ -98,6 +98,8 @@ class Stage:
             self.params: Params = load_params(self.args.params)
         except ConfigError as err:
             parser.exit(2, f"{parser.prog}: bad params in {self.args.params}: {err}\n")
+        own_processes(name)  # every process the stage starts dies with it, kill -9 included (coa.launch)
+        kill_point("start")
         section = getattr(self.params, name, None)
         engine, ds = getattr(section, "engine", None), getattr(section, "deepspeed", None)
         if engine is not None and engine.kind == "vllm":  # vLLM has its own environment: switch to it
@@ -120,6 +122,8 @@ class Stage:
 
     def __exit__(self, *exc: Any) -> bool:
         suppressed = bool(self._ctx.__exit__(*exc))
+        if exc[1] is None:
+            kill_point("exit")  # the outputs written, the run closed: right before dvc commits them
         if isinstance(exc[1], MissingModelError):  # the folder, and the stage that writes it
             raise SystemExit(f"{self.name}: {missing_model_message(exc[1])}") from None
         if isinstance(exc[1], ArtifactError):  # a missing, unreadable or invalid input: its message, no traceback
@@ -138,7 +142,9 @@ class Stage:
         metrics = {**metrics, **self.compute, **run_facts}
         if path is None:
             path = self.args.metrics
+        kill_point("metrics")
         write_json(path, metrics)
+        kill_point("mlflow")
         self.run.log_metrics({**(logged or metrics), **run_facts}, grouped=bool(logged))
         if self.compute:
             self.run.set_tags({f"coa.{k}": str(v) for k, v in self.compute.items()})

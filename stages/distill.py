@@ -43,6 +43,7 @@ from coa.io import (
     write_rejects,
     write_table,
 )
+from coa.launch import kill_point
 from coa.prompts import render_prompt
 from coa.teacher.run import TeacherOutage, distill_tasks, make_teacher
 from coa.teacher.trajectory import jsonl, llamafactory_dataset_info, llamafactory_records, sharegpt_records
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         (export / "sharegpt.jsonl").write_text(jsonl(sharegpt_records(result.kept)))
         (export / "llamafactory" / "coa_sft.jsonl").write_text(jsonl(llamafactory_records(result.kept)))
         write_json(export / "llamafactory" / "dataset_info.json", llamafactory_dataset_info("coa_sft.jsonl"))
+        kill_point("web-store")  # the kill harness (coa.launch): before the web store's manifest
         st.finish({**result.metrics(), "skipped_too_easy": too_easy, "heldout_kept": len(held.kept),
                    "web": close_store(store)})
 

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from coa.launch import kill_point
 from coa.rollout.loop import StopSet, Trajectory, eos_ids, request_seed, vocab_texts
 from coa.rollout.types import FINISH_EOS, Limits, Request, Rollout, Sampling, ToolsFactory
 from coa.rollout.weights import send_weights, transfer_for
@@ -94,6 +95,7 @@ class VLLMEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()
         self.llm = self._run(_make(AsyncLLM, args))
+        kill_point("vllm-start")  # the kill harness (coa.launch): the engine core and its workers just up
         self.sleeping = False
         self.sleep_enabled = sleep
         self.weight_sync = weight_sync

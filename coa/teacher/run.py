@@ -34,6 +34,7 @@ from typing import Any
 
 from coa.config import DistillConfig, ToolsConfig, derive_seed, to_dict
 from coa.format import extract_answer
+from coa.launch import kill_point
 from coa.progress import progress
 from coa.prompts import system_prompt
 from coa.rewards import check, f1, format_ok
@@ -183,6 +184,7 @@ def distill_tasks(rows: list[dict[str, Any]], teacher: Teacher, cfg: DistillConf
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps({**t.to_json(), "correct": correct}))
             tmp.replace(path)
+            kill_point("resume-cache")  # the kill harness (coa.launch): e.g. distill:resume-cache@20
         return t, correct, False
 
     start = time.perf_counter()

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from coa.launch import kill_point
 from coa.train.data import IGNORE_INDEX, Batch, Example, collate_packed
 
 VARLEN = "coa_varlen"
@@ -381,10 +382,12 @@ def save_checkpoint(ckpt: Path, meta: dict[str, Any], *, model: torch.nn.Module,
     if engine is not None:
         torch.distributed.barrier()
         engine.save_checkpoint(str(tmp), tag="ds")
+        kill_point("checkpoint")  # the kill harness (coa.launch): half a checkpoint written
         torch.save(rng_state(), tmp / f"rng-{rank}.pt")
         torch.distributed.barrier()
     else:
         torch.save(model.state_dict(), tmp / "model.pt")
+        kill_point("checkpoint")  # the kill harness (coa.launch): half a checkpoint written
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(rng_state(), tmp / "rng-0.pt")
     if rank == 0:
@@ -393,6 +396,7 @@ def save_checkpoint(ckpt: Path, meta: dict[str, Any], *, model: torch.nn.Module,
         os.replace(tmp, final)
         for _, old in checkpoints(ckpt)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+        kill_point("checkpointed")  # a whole checkpoint on disk
     if engine is not None:
         torch.distributed.barrier()
 

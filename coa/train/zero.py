@@ -27,6 +27,7 @@ import torch
 
 from coa.config import DeepSpeedConfig
 from coa.device import default_device, resolve_dtype
+from coa.launch import kill_point
 from coa.train import collective
 
 
@@ -119,6 +120,7 @@ def deepspeed_init(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ds:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda) if lr_lambda is not None else None
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=deepspeed_config(ds, world, **settings))
+    kill_point("deepspeed")  # the kill harness (coa.launch): right after DeepSpeed's init
     return engine, scheduler
 
 
