@@ -13,6 +13,7 @@ purpose: it is not printed as an error.
 
 from __future__ import annotations
 
+import socket
 import ssl
 import sys
 import threading
@@ -75,3 +76,17 @@ class LoopbackServer:
     @property
     def url(self) -> str:
         return f"{'https' if self._ssl_context else 'http'}://127.0.0.1:{self.port}"
+
+
+def only_loopback(monkeypatch) -> None:
+    """Fail the test on any connection to an address other than 127.0.0.1 (a URL guard must refuse first)."""
+    import pytest
+
+    real = socket.create_connection
+
+    def create_connection(address, *args, **kwargs):
+        if address[0] != "127.0.0.1":
+            pytest.fail(f"a connection to {address} was attempted")
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", create_connection)

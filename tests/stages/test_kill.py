@@ -27,8 +27,7 @@ import pytest
 import yaml
 
 from coa.launch import process_tree
-from tests.stages.test_pipeline import ROOT, SMOKE, ignore, merge, sh
-from tests.tasks.hotpot_like import hotpot_records, write_hotpot
+from tests.stages.test_pipeline import ROOT, smoke_checkout
 
 pytestmark = pytest.mark.slow
 
@@ -112,19 +111,7 @@ def out_md5s(repo: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def kill_repo(tmp_path_factory) -> Path:
-    repo = tmp_path_factory.mktemp("kill") / "repo"
-    shutil.copytree(ROOT, repo, ignore=ignore)
-    shutil.copy(ROOT / "tests/fixtures/datasets/hotpotqa.json", repo / "inputs/data/hotpotqa.json")
-    write_hotpot(repo / "inputs/data/hotpot_like.json", hotpot_records(seed=1, n=30))
-    params = merge(merge(yaml.safe_load((repo / "params.yaml").read_text()), SMOKE), FLOAT32)
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for f in (repo / "metrics").glob("*.json"):
-        f.unlink()
-    (repo / "dvc.lock").unlink(missing_ok=True)
-    sh(repo, "git", "init", "-q")
-    sh(repo, "git", "add", "-A")
-    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "kill")
-    return repo
+    return smoke_checkout(tmp_path_factory.mktemp("kill") / "repo", FLOAT32)
 
 
 def test_every_stage_killed_anywhere_reruns_to_the_same_bytes(kill_repo):

@@ -94,21 +94,28 @@ def digests(root: Path) -> dict[str, str]:
     return {p: hashlib.md5((root / p).read_bytes()).hexdigest() for p in DATA}
 
 
-@pytest.fixture(scope="module")
-def smoke_repo(tmp_path_factory) -> Path:
-    repo = tmp_path_factory.mktemp("e2e") / "repo"
+def smoke_checkout(repo: Path, *extra: dict) -> Path:
+    """A copy of this checkout at `repo` with the smoke params (and `extra` merged over them), its inputs, no
+    metrics or dvc.lock, committed in a git repository of its own."""
     shutil.copytree(ROOT, repo, ignore=ignore)
     shutil.copy(ROOT / "tests/fixtures/datasets/hotpotqa.json", repo / "inputs/data/hotpotqa.json")
     write_hotpot(repo / "inputs/data/hotpot_like.json", hotpot_records(seed=1, n=30))
     params = merge(yaml.safe_load((repo / "params.yaml").read_text()), SMOKE)
+    for more in extra:
+        params = merge(params, more)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for f in (repo / "metrics").glob("*.json"):
         f.unlink()
     (repo / "dvc.lock").unlink(missing_ok=True)
     sh(repo, "git", "init", "-q")
-    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "smoke", "--allow-empty")
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "smoke")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def smoke_repo(tmp_path_factory) -> Path:
+    repo = smoke_checkout(tmp_path_factory.mktemp("e2e") / "repo")
     sh(repo, "dvc", "repro")
     return repo
 

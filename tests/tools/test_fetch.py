@@ -17,6 +17,8 @@ import coa.tools.fetch as fetch_mod
 from coa.config.sections import CrawlConfig, SummariserConfig
 from coa.tools.fetch import Fetcher, FetchError, Summariser, extract, refusal
 from tests.fakes.chat_server import ChatServer
+from tests.fakes.hostile_web import many_page_pdf
+from tests.fakes.loopback import only_loopback
 from tests.fakes.web_server import Reply, WebServer, redirect
 
 ARTICLE = (b"<html><head><title>Orvane Labs - Example Wiki</title></head><body>"
@@ -35,19 +37,8 @@ RESOLVES = {"intranet.test": "10.0.0.5", "mapped.test": "::ffff:10.0.0.5"}
 
 
 def tiny_pdf(text: str) -> bytes:
-    """A one-page PDF showing `text` in Helvetica."""
-    content = f"BT /F1 12 Tf 10 50 Td ({text}) Tj ET".encode()
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 400 100] /Contents 4 0 R "
-               b"/Resources << /Font << /F1 5 0 R >> >> >>",
-               b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content),
-               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
-    out, offsets = b"%PDF-1.4\n", []
-    for i, obj in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (i, obj)
-    xref = b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    return out + xref + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n" % (len(objects) + 1, len(out)) + b"%%EOF\n"
+    """A one-page PDF whose text layer holds `text`."""
+    return many_page_pdf(1, text.replace("{", "{{").replace("}", "}}"))
 
 
 def serve_site(web: WebServer) -> WebServer:
@@ -102,14 +93,7 @@ def site(web):
 @pytest.fixture(autouse=True)
 def loopback_only(monkeypatch):
     """Fail the test on any connection to an address other than 127.0.0.1 (the guard must refuse first)."""
-    real = socket.create_connection
-
-    def create_connection(address, *args, **kwargs):
-        if address[0] != "127.0.0.1":
-            pytest.fail(f"a connection to {address} was attempted")
-        return real(address, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "create_connection", create_connection)
+    only_loopback(monkeypatch)
 
 
 def resolve(host, port, *args, **kwargs):

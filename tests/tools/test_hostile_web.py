@@ -20,6 +20,7 @@ from coa.tools.crawl_page import web_pages
 from coa.tools.fetch import Fetcher, FetchError, _Watch, refusal
 from coa.tools.webcache import WebStore
 from tests.fakes.hostile_web import PDF_PAGES, HostileWeb
+from tests.fakes.loopback import only_loopback
 
 CAP = 65536
 DEADLINE_S = 1.5
@@ -34,14 +35,7 @@ def web():
 
 @pytest.fixture(autouse=True)
 def loopback_only(monkeypatch):
-    real = socket.create_connection
-
-    def create_connection(address, *args, **kwargs):
-        if address[0] != "127.0.0.1":
-            pytest.fail(f"a connection to {address} was attempted")
-        return real(address, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "create_connection", create_connection)
+    only_loopback(monkeypatch)
 
 
 def resolve(host, port, *args, **kwargs):
