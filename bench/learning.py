@@ -2,12 +2,18 @@
 
     python bench/learning.py                               # snapshots at 1, 2, 4 and 6 minutes of SFT and its end
     python bench/learning.py --minutes 1 3 --per-domain 30 --out /tmp/curve.json   # a quick look
+    python bench/learning.py --validation --per-domain 20 --trajectories /tmp/t.parquet --mask-drafts 1 \
+        --rollouts /tmp/rollouts.parquet   # a probe: the last 20 rl-split tasks a domain, per-task rows kept
 
 Trains ``models/base`` on ``data/trajectories.parquet`` with the shipped ``sft`` params (coa.train.sft.train_sft,
 the stage's own loop and schedule), snapshots the policy when its training time passes each mark, and
 evaluates every snapshot like the eval stage does (coa.eval.evaluate on the eval split: the agent loop with its
 tools, ``common.agent`` limits, ``eval.sampling``, k samples per task) on the first ``--per-domain`` eval
-tasks of each domain. Prints one line per snapshot and domain (accuracy with its 95% CI, format_ok, tool
+tasks of each domain, or with ``--validation`` on the last ``--per-domain`` rl-split tasks of each domain (the
+slice a setting is chosen on: never the eval split, and past the first tasks solve_filter and rl draw). Each
+snapshot also prints how the policy uses its tools (coa.eval.behaviour: recovery after a failed call, a
+reflection naming it, repeats); ``--rollouts`` keeps every rollout (task, correct, flags, text) for paired
+comparisons between probes. Prints one line per snapshot and domain (accuracy with its 95% CI, format_ok, tool
 calls) and writes rows ``{minutes, domain, model (the series), accuracy, ci_low, ci_high, format_ok, tool_calls, step, loss}``
 to ``--out`` (plots/learning.json, shown by ``dvc plots show``). Needs the pipeline's outputs up to distill
 (``dvc repro distill``). Snapshots of one run, not separate runs: the 1-minute point has a learning rate
@@ -17,6 +23,7 @@ still high in its cosine schedule.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -27,6 +34,7 @@ import torch
 
 from coa.config import derive_seed, load_params
 from coa.device import cpu_capability
+from coa.eval.behaviour import behaviour, rates
 from coa.eval.evaluate import evaluate_by_domain, summarize
 from coa.io import first_per_domain
 from coa.model import load_pretrained, save_pretrained
@@ -34,17 +42,26 @@ from coa.runtime import agent_limits, engine_from, tools_factory
 from coa.train.sft import encode_trajectories, train_sft
 
 
-def eval_tasks(tasks_path: str, per_domain: int) -> list[dict]:
-    return first_per_domain(pl.read_parquet(tasks_path).filter(pl.col("split") == "eval"), per_domain).to_dicts()
+def eval_tasks(tasks_path: str, per_domain: int, validation: bool = False) -> list[dict]:
+    tasks = pl.read_parquet(tasks_path)
+    if validation:  # the last per_domain rl-split tasks of each domain
+        rl = tasks.filter(pl.col("split") == "rl").sort("task_id", descending=True)
+        return rl.group_by("domain", maintain_order=True).head(per_domain).sort("task_id").to_dicts()
+    return first_per_domain(tasks.filter(pl.col("split") == "eval"), per_domain).to_dicts()
 
 
-def evaluate_policy(path: str, tasks: list[dict], k: int, params, index_dir: str) -> dict[str, dict]:
+def evaluate_policy(path: str, tasks: list[dict], k: int, params, index_dir: str,
+                    keep: list[dict] | None = None) -> dict[str, dict]:
     """Per domain: the eval stage's figures (coa.eval.evaluate.summarize) for the policy in folder ``path``, rolled
     out as the eval stage does (coa.eval.evaluate.evaluate_by_domain: domains sampled alike share one queue)."""
     tools = tools_factory(params.common.tools, index_dir)
     engine = engine_from(params.eval.engine, path)
     rows = evaluate_by_domain(engine, tasks, k, params.eval.sampling, lambda name: derive_seed(1, "learning", name),
                               agent_limits(params.common.agent), tools)
+    for row in rows:
+        row.update(behaviour(row["text"], row["domain"], row["correct"], row["answer"]))
+    if keep is not None:
+        keep.extend(rows)
     return {d: summarize([r for r in rows if r["domain"] == d], k) for d in ("web", "math", "code")
             if any(r["domain"] == d for r in rows)}
 
@@ -60,15 +77,24 @@ def main() -> None:
     ap.add_argument("--per-domain", type=int, default=60)
     ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--out", default="plots/learning.json")
+    ap.add_argument("--validation", action="store_true", help="the last --per-domain rl-split tasks, not eval's")
+    ap.add_argument("--mask-drafts", type=int, choices=(0, 1), default=None, help="override sft.mask_drafts")
+    ap.add_argument("--rollouts", default=None, help="parquet of every rollout of every snapshot")
+    ap.add_argument("--lr", type=float, default=None, help="override sft.lr")
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     params = load_params()
     cfg = params.sft
+    if args.mask_drafts is not None:
+        cfg = dataclasses.replace(cfg, mask_drafts=bool(args.mask_drafts))
+    if args.lr is not None:
+        cfg = dataclasses.replace(cfg, lr=args.lr)
     records = pl.read_parquet(args.trajectories).sort("task_id").select(
         "task_id", "domain", "prompt", "trajectory", "weight").to_dicts()
     model, tok = load_pretrained(args.base)
     examples, truncated = encode_trajectories(tok, records, cfg.max_len, mask_drafts=cfg.mask_drafts)
-    tasks = eval_tasks(args.tasks, args.per_domain)
+    tasks = eval_tasks(args.tasks, args.per_domain, args.validation)
     print(f"cpu {cpu_capability()}, {len(examples)} trajectories ({truncated} cut), "
           f"{sum(map(len, examples))} tokens, {len(tasks)} eval tasks x k={args.k}")
 
@@ -97,18 +123,21 @@ def main() -> None:
         snaps.append((round(clock["train_s"] / 60, 2), len(hist), hist[-1] if hist else float("nan"),
                       {k: v.detach().clone() for k, v in model.state_dict().items()}))
     print(f"trained {clock['train_s']:.0f} s ({time.perf_counter() - start:.0f} s wall)")
-    rows = []
+    rows, rollouts = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for minutes, step, loss, state in snaps:
             model.load_state_dict(state)
             path = f"{tmp}/m{minutes:g}"
             save_pretrained(model, tok, path, {})
             t0 = time.perf_counter()
-            res = evaluate_policy(path, tasks, args.k, params, args.index)
+            kept: list[dict] = []
+            res = evaluate_policy(path, tasks, args.k, params, args.index, kept)
+            rollouts += [{"minutes": minutes, **r} for r in kept]
             overall_acc = sum(r["accuracy"] * r["n_tasks"] for r in res.values()) / max(
                 1, sum(r["n_tasks"] for r in res.values()))
             print(f"{minutes:g} min (step {step}, loss {loss:.3f}): overall {overall_acc:.3f}  "
                   f"[eval {time.perf_counter() - t0:.0f} s]")
+            print(f"  tool use: {rates(kept)}")
             for domain, r in res.items():
                 lo, hi = r["accuracy_ci95"]
                 print(f"  {domain:5s} acc {r['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]  format_ok {r['format_ok']:.3f}  "
@@ -116,6 +145,8 @@ def main() -> None:
                 rows.append({"minutes": minutes, "domain": domain, "model": f"sft {domain}", "accuracy": round(r["accuracy"], 4),
                              "ci_low": round(lo, 4), "ci_high": round(hi, 4), "format_ok": round(r["format_ok"], 4),
                              "tool_calls": round(r["tool_calls"], 3), "step": step, "loss": round(loss, 4)})
+    if args.rollouts:
+        pl.DataFrame(rollouts, infer_schema_length=None).write_parquet(args.rollouts)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -275,7 +275,9 @@ class OfflineStyleConfig:
     p_check_forum: float = _help("Searcher: chance of opening a forum/blog hit that contradicts the encyclopedia.")
     p_critic_catch: float = _help("Critic: chance of grading a direct-search shortcut poor at once.")
     p_lenient: float = _help("Verifier: chance of accepting an unverified snippet answer (a teacher mistake).")
-    p_slip: float = _help("Coder: chance of a flawed first draft that the run exposes.")
+    p_slip: float = _help("Chance of a flawed first attempt that the observation exposes, then its recovery: the "
+                          "coder's failing draft (a crash, a failed worked example), the searcher's name cut short "
+                          "(no results), each named by the critic's reflection and fixed in the next turn.")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -31,31 +31,15 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from coa.tools import CODE, CRAWL, SEARCH, TOOL_TAGS
+from coa.tools import CODE, TOOL_TAGS, failed
 
 _BLOCK = re.compile(r"<(" + "|".join(map(re.escape, (*TOOL_TAGS, "observation", "reflection", "answer")))
                     + r")>(.*?)</\1>", re.S)
-_EXCEPTION = re.compile(r"^(Traceback \(most recent call last\)|[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b)",
-                        re.M)
-_KILLED = re.compile(r"^\[(killed by signal|exit code [1-9])", re.M)
 _FAILURE_WORDS = re.compile(r"\b(error|errors|fail\w*|crash\w*|exception|traceback|wrong|empty|nothing|no result\w*|"
                             r"not found|timed out|timeout|bug|fix\w*|retry|again|rerun|instead|other words|repeat\w*|"
                             r"did not|didn't|does not|doesn't|missing|irrelevant)\b", re.I)
 _BOXED = re.compile(r"\\boxed\{(.*)\}", re.S)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def failed(tool: str, observation: str) -> bool:
-    """Whether an observation of `tool` reports a failure (see the module docstring)."""
-    obs = observation.strip()
-    if tool == CODE.tag:
-        return (not obs or obs == "(no output)" or obs.startswith(("SandboxError", "TimeoutError"))
-                or bool(_EXCEPTION.search(obs)) or bool(_KILLED.search(obs)))
-    if tool == SEARCH.tag:
-        return not obs or obs.startswith("Error:") or "No results found" in obs
-    if tool == CRAWL.tag:
-        return not obs or obs.startswith("Error:") or "## Page:" not in obs
-    return obs.startswith("Error:")
 
 
 def _calls(text: str) -> list[tuple[str, str, str | None, int, int]]:

@@ -3,7 +3,7 @@
     team = offline_team(domain, rng, cfg)            # or llm_team(...)
     transcript = run_team(question, domain, team, ToolSession(tools, 1536), TeamLimits(2, 12, 8))
 
-Web: planner -> searcher (tool loop) -> critic -> [re-plan on poor] -> answerer (suggested answer)
+Web: planner -> searcher (tool loop; the critic reflects on a call that failed) -> critic -> [re-plan on poor] -> answerer (suggested answer)
 -> verifier (score >= 3: final answer; <= 2: critic, then re-plan).
 Math and code: planner -> coder (code, observation, critic's reflection)* -> answerer.
 Each agent keeps its own context (system prompt + what it received + what it said); every call is
@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from coa.chat import ChatError
-from coa.format import TOOL_TAGS, double_check_score, reflection_grades
+from coa.format import TOOL_TAGS, Step, double_check_score, reflection_grades, render
 from coa.teacher.roles import SYSTEM, result_fields
 from coa.teacher.transcript import AGENTS, Call, Message, Transcript, split_parts
-from coa.tools import ToolSession
+from coa.tools import ToolSession, failed
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,17 @@ class _Run:
             if self.t.tool_calls > self.limits.max_tool_calls:
                 self.send("orchestrator", name, "task", "Tool budget exhausted: report your best result now.")
                 continue
-            self.send("tools", name, "observation", self.session(*tool))
+            observation = self.session(*tool)
+            self.send("tools", name, "observation", observation)
             if self.t.domain != "web":  # math and code: the critic reflects on every run
-                self.send("orchestrator", "critic", "context", f"Program:\n{tool[1]}\n\nOutput:\n{self.t.messages[-1].content}")
-                reflection = self.first(self.call("critic"), "reflection")
-                self.send("critic", name, "context", f"Critic:\n{reflection}")
+                self.send("orchestrator", "critic", "context", f"Program:\n{tool[1]}\n\nOutput:\n{observation}")
+            elif failed(tool[0], observation):  # web: on a call that failed (no results, no page, an error)
+                self.send("orchestrator", "critic", "context",
+                          f"Tool call:\n{render([Step(*tool)])}\n\nObservation:\n{observation}")
+            else:
+                continue
+            reflection = self.first(self.call("critic"), "reflection")
+            self.send("critic", name, "context", f"Critic:\n{reflection}")
         return None
 
     @staticmethod

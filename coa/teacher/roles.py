@@ -30,7 +30,10 @@ SYSTEM: dict[str, str] = {
     "critic": (
         f"You are the critic. Grade the team's progress on three criteria ({_CRITERIA}) as good, average "
         "or poor, one 'criterion: grade' line each, inside <reflection>...</reflection>, then one line of "
-        "advice. Any poor grade means the team must re-plan. You may think first in <think>...</think>."),
+        "advice. Any poor grade means the team must re-plan. On a program run or a tool call that failed, say "
+        "what failed and what to do next (fix and rerun the program, search with other words): a failed "
+        "program's tool effectiveness is poor, a failed search or page's average (the search goes on). You "
+        "may think first in <think>...</think>."),
     "verifier": (
         "You are the verifier. Check the suggested answer against the evidence and reply "
         "<double_check>score: N\\nreason</double_check> with N from 1 (wrong) to 4 (certain); 3 or more "

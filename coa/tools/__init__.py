@@ -13,6 +13,7 @@ TOOLS, a test (docs/design.md, "Adding a tool").
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,31 @@ BY_TAG = {spec.tag: spec for spec in TOOLS}
 TOOL_TAGS = tuple(BY_TAG)
 
 __all__ = ["BY_TAG", "CODE", "CRAWL", "SEARCH", "TOOLS", "TOOL_TAGS", "Tool", "ToolContext", "ToolSession",
-           "ToolSpec", "build_tools", "tools_of"]
+           "ToolSpec", "build_tools", "failed", "tools_of"]
+
+_EXCEPTION = re.compile(r"^(Traceback \(most recent call last\)|[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b)",
+                        re.M)
+_KILLED = re.compile(r"^\[(killed by signal|exit code [1-9])", re.M)
 
 
 def tools_of(domain: str) -> tuple[str, ...]:
     """The tags a domain's agents may call."""
     return tuple(spec.tag for spec in TOOLS if domain in spec.domains)
+
+
+def failed(tag: str, observation: str) -> bool:
+    """Whether an observation of tool `tag` reports a failure, the one definition (the teacher's critic reflects
+    on such a call, the eval counts them, coa.eval.behaviour): for code a Python exception, a time or limit kill,
+    a non-zero exit or no output at all; for web_search and crawl_page an `Error:` line, no results, or no page."""
+    obs = observation.strip()
+    if tag == CODE.tag:
+        return (not obs or obs == "(no output)" or obs.startswith(("SandboxError", "TimeoutError"))
+                or bool(_EXCEPTION.search(obs)) or bool(_KILLED.search(obs)))
+    if tag == SEARCH.tag:
+        return not obs or obs.startswith("Error:") or "No results found" in obs
+    if tag == CRAWL.tag:
+        return not obs or obs.startswith("Error:") or "## Page:" not in obs
+    return obs.startswith("Error:")
 
 
 def build_tools(cfg: Any, index_dir: str | Path | None = None, summariser: Any = None,

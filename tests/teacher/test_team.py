@@ -13,9 +13,9 @@ from coa.tasks.code import generate_code
 from coa.tasks.math import generate_math
 from coa.tasks.web import generate_web
 from coa.teacher import TeamLimits, llm_team, run_team
-from coa.teacher.offline.agents import OfflineStyle, offline_team
+from coa.teacher.offline.agents import OfflineStyle, diagnose, offline_team
 from coa.teacher.trajectory import linearise, shape
-from coa.tools import ToolSession
+from coa.tools import ToolSession, failed
 from coa.tools.code import code_tool
 from coa.tools.crawl_page import crawl_tool, index_pages
 from coa.tools.sandbox import SandboxLimits
@@ -68,6 +68,61 @@ def test_offline_code_agent_is_accurate(domain, generate, floor):
     assert sum(check(domain, r.answer, t) for r, t in zip(results, tasks, strict=True)) / len(tasks) >= floor
     for r in results:
         assert check_transitions(parse(linearise(r)), domain) == []
+
+
+SLIPPY = OfflineStyle(p_direct=0.0, p_snippet=0.5, p_check_forum=0.0, p_critic_catch=0.0, p_lenient=0.0, p_slip=1.0)
+
+
+@pytest.mark.parametrize("domain,generate", [("math", generate_math), ("code", generate_code)])
+def test_a_failed_run_is_named_and_fixed(domain, generate):
+    """Every slip is a real failed run: the critic's reflection names its error, the coder's next thought says
+    what went wrong (read off the output), and the fixed program answers; the trajectory is well formed."""
+    tasks = generate(seed=5, n_tasks=12, splits={"sft": 1.0})
+    tools = {"code": code_tool(SandboxLimits(wall_time_s=5.0))}
+    recovered = 0
+    for i, task in enumerate(tasks):
+        r = run_team(task["question"], domain, offline_team(domain, random.Random(i), SLIPPY), ToolSession(tools, 1536), LIMITS)
+        steps = parse(linearise(r))
+        assert check_transitions(steps, domain) == []
+        tags = [s.tag for s in steps]
+        if tags.count("code") < 2:
+            continue
+        recovered += 1
+        reflections = [i for i, t in enumerate(tags) if t == "reflection"]
+        for i in reflections[:-1]:  # every draft before the last really failed, and each failure is read
+            assert failed("code", steps[i - 1].content)
+            assert "failed" in steps[i].content and "poor" in steps[i].content
+            assert steps[i].content.split("\n")[-1].split("(")[1].split(")")[0] in steps[i - 1].content  # its error
+            assert steps[i + 1].tag == "think" and "fix it and run it again" in steps[i + 1].content
+        assert not failed("code", steps[reflections[-1] - 1].content) and "poor" not in steps[reflections[-1]].content
+        assert check(domain, r.answer, task)
+    assert recovered >= 8
+
+
+def test_a_name_cut_short_finds_nothing_and_the_full_name_follows(web_world):
+    tasks, tools = web_world
+    seen = 0
+    for i, task in enumerate(tasks[:60]):
+        team = offline_team("web", random.Random(i), SLIPPY)
+        text = linearise(run_team(task["question"], "web", team, ToolSession(tools, 1536), LIMITS))
+        steps = parse(text)
+        assert check_transitions(steps, "web") == []
+        for j, step in enumerate(steps):
+            if step.tag == "observation" and "No results found" in step.content:
+                seen += 1
+                query = steps[j - 1].content
+                assert steps[j + 1].tag == "reflection" and f"'{query}' found nothing" in steps[j + 1].content
+                assert steps[j + 2].tag == "think" and "not the full name" in steps[j + 2].content
+                assert steps[j + 3].tag == "web_search" and steps[j + 3].content.startswith(query)
+    assert seen >= 5
+
+
+def test_the_coder_reads_what_went_wrong():
+    assert "`ns` is not defined" in diagnose("NameError: name 'ns' is not defined. Did you mean: 'n'?", "")
+    assert "written as text" in diagnose("TypeError: unsupported operand type(s) for -: 'str' and 'int'", "")
+    assert "fraction" in diagnose('AssertionError: expected a whole number, got 2.5', "")
+    assert diagnose("Traceback (most recent call last):\nAssertionError", "Sort it.").endswith("logic is wrong. Sort it.")
+    assert "too long" in diagnose("TimeoutError: execution exceeded 5 s CPU time", "")
 
 
 def test_unparseable_question_is_answered_wrongly_not_crashed(web_world):

@@ -8,7 +8,8 @@ no task ids, gold answers, hidden tests or world data. Their choices come from a
 the planner sometimes tries a direct search first (a shortcut that is often wrong, which the verifier
 and critic then catch and the team re-plans); the searcher words queries differently, sometimes trusts
 a snippet and sometimes reads the page, and checks forum posts that contradict the encyclopedia; the
-coder sometimes writes a buggy first draft that the run exposes and the critic sends back.
+coder sometimes writes a buggy first draft that the run exposes, the critic names and the coder fixes; the searcher sometimes cuts a one-word name short, finds nothing, and the critic's note sends
+it back with the full name. Those slips are the student's own failure modes, so it sees what follows them.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from coa.teacher.offline.web import (
 )
 from coa.teacher.orchestrator import AgentReply, Team
 from coa.teacher.roles import result_fields
-from coa.tools import CODE, CRAWL, SEARCH
+from coa.tools import CODE, CRAWL, SEARCH, failed
 
 Worker = Generator[str, list[dict[str, str]], str]  # yields outputs with a tool call, receives the context
 
@@ -60,13 +61,16 @@ class OfflineStyle:
     p_check_forum: float  # searcher: open a forum/blog hit that contradicts the encyclopedia
     p_critic_catch: float  # critic: grade a direct-search shortcut poor straight away
     p_lenient: float  # verifier: accept an unverified snippet answer (a mistake the filters catch)
-    p_slip: float  # coder: write a flawed first draft
+    p_slip: float  # a flawed first attempt the observation exposes (coder: a failing draft; searcher: a name cut short)
 
 
 def _last(context: list[dict[str, str]], prefix: str = "") -> str:
+    """The last message received that starts with `prefix` (without it); the critic's notes on a failed call
+    are skipped unless asked for, so a worker reads the observation before them."""
     for message in reversed(context):
-        if message["role"] == "user" and message["content"].startswith(prefix):
-            return message["content"][len(prefix):]
+        text = message["content"]
+        if message["role"] == "user" and text.startswith(prefix) and (prefix or not text.startswith("Critic:")):
+            return text[len(prefix):]
     return ""
 
 
@@ -123,11 +127,16 @@ class _Search:
         queries = [name, f"{name} {QUERY_WORDS[field]}"]
         if rng.random() < 0.4 or self.careful:
             queries.reverse()
-        page, hits = None, []
+        if rng.random() < self.style.p_slip and (cut := _cut_short(name, rng)):
+            queries.insert(0, cut)  # the student's slip: a name copied only in part
+        page, hits, empty = None, [], ""
         for i, query in enumerate(queries):
             why = f"I need {what}. Let me search for it." if i == 0 else \
-                f"No result is the encyclopedia page of {mention.label}. Let me search differently."
-            hits = parse_results(_last((yield f"<think>{why}</think>\n{SEARCH.call(query)}"), ""))
+                f"The search for '{empty}' found nothing: that is not the full name. Let me search for {name}." \
+                if empty else f"No result is the encyclopedia page of {mention.label}. Let me search differently."
+            observation = _last((yield f"<think>{why}</think>\n{SEARCH.call(query)}"), "")
+            hits = parse_results(observation)
+            empty = query if failed(SEARCH.tag, observation) else ""
             page = find_page(hits, mention)
             if page:
                 break
@@ -270,6 +279,14 @@ class _Search:
         return found[0]
 
 
+def _cut_short(name: str, rng: random.Random) -> str | None:
+    """A one-word `name` cut to its first 3-5 letters (the student's slip: "Skum" for "Skumaend"), which no
+    page holds; a longer name keeps other words a search would still find, so it is left whole."""
+    if len(name) < 6 or not name.isalpha():
+        return None
+    return name[: rng.randint(3, 5)]
+
+
 def _searcher(rng: random.Random, style: OfflineStyle) -> Callable[[str, str], Worker]:
     def start(question: str, plan: str) -> Worker:
         query = parse_question(question)
@@ -321,6 +338,15 @@ def _web_planner(rng: random.Random, style: OfflineStyle) -> Callable:
 def _web_critic(rng: random.Random, style: OfflineStyle) -> Callable:
     def critic(context: list[dict[str, str]]) -> AgentReply:
         last = context[-1]["content"]
+        if last.startswith("Tool call:"):  # a call that failed: say what came back and what to do instead
+            call, _, observation = last.removeprefix("Tool call:\n").partition("\n\nObservation:\n")
+            grades = {"information_conflict": "good", "tool_effectiveness": "average", "trajectory_monitoring": "good"}
+            if call.startswith(f"<{SEARCH.tag}>"):
+                query = call.removeprefix(f"<{SEARCH.tag}>").removesuffix(f"</{SEARCH.tag}>")
+                note = f"The search for '{query}' found nothing; search again with other words, such as a full name."
+            else:
+                note = f"The call failed ({observation.strip().splitlines()[0][:120] if observation.strip() else 'no output'}); try another page or search."
+            return AgentReply(f"<reflection>{format_reflection(grades, note)}</reflection>")
         if last.startswith("The verifier gave score"):
             grades = {"information_conflict": "average", "tool_effectiveness": "average", "trajectory_monitoring": "poor"}
             note = "The answer is not backed by a page that states it; resolve every step on its own page."
@@ -397,16 +423,14 @@ def _coder(domain: str, rng: random.Random, style: OfflineStyle) -> Callable[[st
             return "<think>I do not recognise this problem and cannot write a program for it.</think>\n" \
                    "<result>answer: unknown</result>"
         check = example_check(question) if domain == "code" else None
+        # one slip at most: with a second now and then (p_slip again) the student retried to its token limit
         drafts = ([rng.choice(solution.slips)] if solution.slips and rng.random() < style.p_slip else []) + [solution.code]
+        output = ""
         for i, draft in enumerate(drafts):
             program = f"{draft}\n\n{check}\nprint('example passed')" if check else draft
-            if i == 0:
-                why = solution.approach
-            else:
-                why = "The first draft failed. Let me fix it and run it again."
+            why = solution.approach if i == 0 else f"{diagnose(output, solution.approach)} Let me fix it and run it again."
             ctx = yield f"<think>{why}</think>\n{CODE.call(chr(10) + format_code(program) + chr(10))}"
-            output = _last(ctx, "")
-            output = _last(ctx[:-1]) if output.startswith("Critic:") else output
+            output = _last(ctx)
             ok = ("example passed" in output) if check else _number(output) is not None
             if ok and draft is solution.code:
                 if domain == "math":
@@ -419,6 +443,22 @@ def _coder(domain: str, rng: random.Random, style: OfflineStyle) -> Callable[[st
     return start
 
 
+def diagnose(output: str, approach: str) -> str:
+    """What a failed run's output says went wrong, read off its last error line (the coder's next thought)."""
+    error = next((line.strip() for line in reversed(output.splitlines()) if re.match(r"\w+(Error|Exception)\b", line.strip())), "")
+    if m := re.match(r"NameError: name '(\w+)' is not defined", error):
+        return f"The run failed: `{m[1]}` is not defined, a misspelt name or a missing import."
+    if error.startswith("TypeError") and "str" in error:
+        return "The run failed: a number is written as text (in quotes), so the arithmetic breaks."
+    if error.startswith("AssertionError") and "whole number" in output:
+        return "The run failed: the answer came out as a fraction; `/` divides exactly where `//` was meant."
+    if error.startswith("AssertionError"):
+        return f"The worked example failed, so the logic is wrong. {approach}"
+    if error.startswith("TimeoutError") or "time" in output.lower() and "exceeded" in output.lower():
+        return "The run took too long: the program must compute the answer more directly."
+    return f"The run failed ({error or 'no answer printed'})."
+
+
 def _number(output: str) -> str | None:
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
     return lines[-1] if lines and re.fullmatch(r"-?\d+", lines[-1]) else None
@@ -426,12 +466,14 @@ def _number(output: str) -> str | None:
 
 def _code_critic(context: list[dict[str, str]]) -> AgentReply:
     output = context[-1]["content"].split("Output:\n", 1)[-1]
-    failed = "Traceback" in output or "Error" in output or "[exit code" in output
-    grades = {"information_conflict": "good", "tool_effectiveness": "poor" if failed else "good",
-              "trajectory_monitoring": "average" if failed else "good"}
+    bad = failed(CODE.tag, output)
+    grades = {"information_conflict": "good", "tool_effectiveness": "poor" if bad else "good",
+              "trajectory_monitoring": "average" if bad else "good"}
     last_error = next((line for line in reversed(output.splitlines()) if "Error" in line), "the run failed")
-    note = f"The program failed ({last_error.strip()}); fix it before going on." if failed else \
-        "The program ran cleanly and its output answers the step."
+    clean = "The function passes the worked example." if "example passed" in output else \
+        f"The program ran cleanly and printed {_number(output)}." if _number(output) is not None else \
+        "The program ran cleanly."
+    note = f"The program failed ({last_error.strip()}); fix it before going on." if bad else clean
     return AgentReply(f"<reflection>{format_reflection(grades, note)}</reflection>")
 
 
@@ -440,13 +482,12 @@ def _code_planner(domain: str) -> Callable:
         question = _question(_first(context, "Question: "))
         if domain == "math":
             solution = solve_math(question)
-            steps = ["Identify the quantities and what is asked.", "Write a short program that computes the answer.",
-                     "Check that the output is a whole number that fits the question.", "Report it in \\boxed{}."]
+            steps = ["Write a short program that computes the answer.",
+                     "If it fails, fix it and run it again; report the whole number in \\boxed{}."]
         else:
             solution = solve_code(question)
-            steps = ["Read the signature and the required behaviour, including edge cases.",
-                     "Write the function and run it on the worked example.", "Fix it if the example fails.",
-                     "Report the complete function."]
+            steps = ["Write the function and run it on the worked example.",
+                     "If it fails, fix it and run it again; report the complete function."]
         head = f"Strategy: {solution.kind if solution else 'unknown'} problem, solved with code"
         return AgentReply("<plan>\n" + head + "\n" + "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1)) + "\n</plan>")
 
