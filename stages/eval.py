@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             if engine is not None:
                 throughput[name] = engine.throughput()
                 close_engine(engine)
+                engine = None  # the model's memory goes back before the next model loads
             log.info("eval: %s in %.1f s", name, timings[name])
 
         renamed = {"tool_calls": "n_tool_calls", "turns": "n_turns"}  # the table's names for evaluate's keys

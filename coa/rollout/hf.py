@@ -83,7 +83,7 @@ import torch
 
 from coa.rollout.fused import FusedDecoder
 from coa.rollout.loop import StopSet, Trajectory, eos_ids, request_seed, vocab_texts
-from coa.rollout.paged import PagedCache, paged_attention_impl
+from coa.rollout.paged import PagedCache, paged_attention_impl, physical_memory
 from coa.rollout.sampling import sample
 from coa.rollout.sharing import Group, Prefix, plan_sharing
 from coa.rollout.types import Limits, Request, Rollout, Sampling, ToolsFactory
@@ -243,7 +243,7 @@ class HFEngine:
         self.device, self.dtype = param.device, param.dtype
         was_training = self.model.training
         self.model.eval()
-        self._cache = PagedCache(self.block_size, device=self.device)
+        self._cache = PagedCache(self.block_size, self._initial_blocks(limits), device=self.device)
         start = time.perf_counter()
         self._decoder = FusedDecoder.build(self.model) if self.fused else None
         if self._decoder is not None:
@@ -260,6 +260,25 @@ class HFEngine:
         self.stats.wall_s = time.perf_counter() - start
         self.stats.policy_tokens = sum(sum(t.out.loss_mask) for t in trajs)
         return [t.result() for t in trajs]
+
+    def _initial_blocks(self, limits: Limits) -> int:
+        """The KV pools' starting capacity: on the CPU, what ``max_batch`` rows of ``max_total_tokens`` can hold
+        (two rows more for shared prefixes and forks), at most half the machine's memory, allocated but
+        committed only as blocks are first used (coa.rollout.paged), so the pools never grow; 64 blocks
+        elsewhere (an accelerator's memory is committed at allocation), or when the model's config does not
+        say its KV shape."""
+        cfg = getattr(self.model, "config", None)
+        try:
+            layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads or cfg.num_attention_heads
+            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        except AttributeError:
+            return 64
+        param = next(self.model.parameters())
+        if param.device.type != "cpu":
+            return 64
+        per_block = 2 * layers * kv_heads * head_dim * self.block_size * param.dtype.itemsize
+        want = (self.max_batch + 2) * -(-(limits.max_total_tokens + self.block_size) // self.block_size)
+        return max(64, min(want, physical_memory() // 2 // per_block))
 
     # -- prompt sharing ---------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from coa.format import parse
 from coa.prompts import render_prompt
 from coa.rollout import Limits, Request, Sampling
 from coa.rollout.hf import HFEngine, sample
+from coa.rollout.paged import PagedCache
 from coa.train.data import encode_example
 from tests.rollout.conftest import HAS_VLLM
 from tests.rollout.contract import *  # noqa: F403
@@ -42,6 +43,22 @@ def test_batched_rollouts_equal_batch_size_one_token_for_token(web_model, tok, r
         mask = torch.tensor(r.loss_mask, dtype=torch.bool)
         got = torch.tensor(r.logprobs)[mask]
         assert torch.allclose(got, reference[len(r.prompt_ids) - 1 :][mask], atol=1e-4)
+
+
+def test_the_cpu_kv_pools_hold_every_row_from_the_start(web_model, tok, requests_of, monkeypatch):
+    """On the CPU the pools start at what max_batch rows of max_total_tokens hold (committed by the OS only as
+    blocks are first written), so a rollout never grows them (a grow copies every pool); the rollouts are the
+    ones a small, growing pool gives."""
+    requests = requests_of(5)
+    growing = HFEngine(web_model, tok, max_batch=3, block_size=4)
+    monkeypatch.setattr(growing, "_initial_blocks", lambda limits: 2)
+    want = growing.rollout(requests, GREEDY, LIMITS, Recorder())
+    engine = HFEngine(web_model, tok, max_batch=3, block_size=4)
+    assert engine._initial_blocks(LIMITS) >= 5 * (LIMITS.max_total_tokens // 4)
+    monkeypatch.setattr(PagedCache, "_grow", lambda self: pytest.fail("the pools grew"))
+    got = engine.rollout(requests, GREEDY, LIMITS, Recorder())
+    assert [r.response_ids for r in got] == [r.response_ids for r in want]
+    assert engine.stats.kv_peak_positions == growing.stats.kv_peak_positions
 
 
 def test_rollouts_do_not_depend_on_tool_timing(web_model, tok, requests_of):

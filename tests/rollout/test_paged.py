@@ -71,6 +71,27 @@ def test_blocks_are_shared_copied_and_returned():
     assert cache.used == 0 and cache.peak_blocks == 4
 
 
+def test_memory_follows_the_blocks_held_not_the_capacity():
+    """The pools are allocated at capacity and written only where blocks were handed out: a block is zeroed at
+    its first hand-out, a returned block goes out again before a fresh one, so the written blocks [0, touched)
+    are the most ever held at once; a grow copies only those."""
+    cache = PagedCache(block_size=4, initial_blocks=8)
+    a = cache.reserve([], 8)
+    keys = torch.ones(1, 1, 8, 2)
+    k_pool, v_pool = cache.step([a], cached=[0], lens=[8]).update(keys, keys, 0)
+    assert cache.touched == 2 and k_pool.shape[0] == 8
+    k_pool[2:], v_pool[2:] = float("nan"), float("nan")  # what never-written memory may hold
+    cache.release(a)
+    assert sorted(cache.reserve([], 8)) == sorted(a) and cache.touched == 2  # the returned blocks, not fresh ones
+    fresh = cache.reserve([], 1)
+    assert fresh == [2] and cache.touched == 3
+    assert torch.equal(k_pool[2], torch.zeros(1, 4, 2)) and torch.equal(v_pool[2], torch.zeros(1, 4, 2))
+    cache.reserve([], 4 * 6)  # past the capacity: the pools grow
+    grown, _ = cache.pools(0, keys)
+    assert grown.shape[0] > 8 and torch.equal(grown[:3], k_pool[:3]) and cache.touched == 9
+    assert not grown[: cache.touched].isnan().any()
+
+
 def test_dense_gather_masks_each_query_to_its_rows_past():
     cache = PagedCache(block_size=4, initial_blocks=8)
     a, b = cache.reserve([], 6), cache.reserve([], 3)
