@@ -2,6 +2,7 @@
 
     use_vllm_environment("stages.rl", "rl.engine.kind")   # returns when vLLM imports here; else re-executes
     launch_ranks("stages.rl", processes=2)                # returns under a launcher or for one process
+    use_scalable_malloc("stages.sft", "common.malloc")    # returns under tbbmalloc (or without its wheel)
 
 vLLM pins packages the main environment cannot hold (its fastapi against prefect's, its transformers, a torch
 build of its own), so `make vllm` builds it beside `.venv` as `.venv-vllm` (docs/scale.md). A stage whose
@@ -10,6 +11,14 @@ variables: a launcher's RANK and LOCAL_RANK carry over), so `dvc repro` and the 
 by hand. Likewise a stage whose DeepSpeed section asks for several processes on this node, started as one
 process (as `dvc repro` starts it), runs itself again under ``torch.distributed.run`` with that many ranks.
 Standard library only (torch is asked for the GPU count when it is needed): every stage imports it first.
+
+A stage that trains on the CPU runs under TBB's scalable allocator (``use_scalable_malloc``; the ``tbb`` wheel,
+Linux x86-64): glibc's malloc slowed SFT twofold within one run. Every step allocates and frees gigabytes of
+64-byte-aligned tensors of varying sizes; glibc (before 2.39) serves ``posix_memalign`` by splitting chunks, its
+bins fill with remainders, and the search for a fit grew to a quarter of the step's CPU time by step 55 (py-spy;
+steps 6 s -> 12 s by step 130, in a fresh process as in the pipeline; a fresh process after it ran at full speed
+again). The allocator is chosen at exec time (LD_PRELOAD of the wheel's ``libtbbmalloc_proxy``), so the stage
+runs itself again with it, as for vLLM's environment.
 
 Every process a stage starts dies with it, by any signal, SIGKILL included (``own_processes``, which the
 stage harness calls): the stage's pid goes in ``$COA_STAGE_PID``, and each process under it asks the kernel
@@ -46,6 +55,8 @@ from pathlib import Path
 
 VLLM_VENV = ".venv-vllm"  # where `make vllm` puts vLLM's environment, inside the checkout
 _SWITCHED = "COA_IN_VLLM_ENV"
+TBBMALLOC = ("libtbbmalloc.so.2", "libtbbmalloc_proxy.so.2")  # the tbb wheel's allocator and its malloc proxy
+_MALLOC_SWITCHED = "COA_MALLOC_SWITCHED"
 STAGE_PID = "COA_STAGE_PID"  # the pid of the stage process every process under it dies with
 STAGE_NAME = "COA_STAGE"  # the stage's name (kill_point's <stage>)
 KILL_AT = "COA_KILL_AT"  # kill_point's <stage>:<name>[,...]
@@ -220,3 +231,40 @@ def launch_ranks(module: str, processes: int, what: str, argv: list[str] | None 
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
             "-m", module, *(sys.argv[1:] if argv is None else argv)]
     os.execve(sys.executable, argv, dict(os.environ))
+
+
+def tbbmalloc_libraries() -> list[Path] | None:
+    """The tbb wheel's scalable allocator and its malloc proxy, in this environment's lib/ (where the wheel puts
+    them); None when they are not installed (not Linux x86-64, or a lock without the train extra)."""
+    paths = [Path(sys.prefix) / "lib" / name for name in TBBMALLOC]
+    return paths if all(p.is_file() for p in paths) else None
+
+
+def scalable_malloc_loaded() -> bool:
+    """Whether this process's malloc is tbbmalloc's proxy (preloaded)."""
+    if sys.platform != "linux":
+        return False
+    try:
+        ctypes.CDLL(TBBMALLOC[1], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # by soname: only if already loaded
+    except OSError:
+        return False
+    return True
+
+
+def use_scalable_malloc(module: str, what: str, argv: list[str] | None = None) -> None:
+    """Run ``python -m module`` (this process's arguments) again with tbbmalloc preloaded (the module docstring
+    says why); returns when it is loaded, or, with a log line, when its wheel is not installed here. ``what``
+    names the setting that asked for it; ``argv``: the module's arguments (this process's by default)."""
+    if scalable_malloc_loaded():
+        return
+    libs = tbbmalloc_libraries()
+    if libs is None or os.environ.get(_MALLOC_SWITCHED):
+        logging.getLogger(__name__).info("%s: tbbmalloc is not installed here (the tbb wheel, Linux x86-64): "
+                                         "the system's malloc", what)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    preload = " ".join([*map(str, libs), os.environ.get("LD_PRELOAD", "")]).strip()
+    args = sys.argv[1:] if argv is None else argv
+    os.execve(sys.executable, [sys.executable, "-m", module, *args],
+              {**os.environ, "LD_PRELOAD": preload, _MALLOC_SWITCHED: "1"})

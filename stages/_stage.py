@@ -8,7 +8,8 @@
 
 Every metrics JSON carries the stage's `wall_time_s` and `peak_rss_gb` (this process's peak resident set,
 RUSAGE_SELF: the work of every stage runs in its own process; its sandboxed tool calls are small and
-capped), and, where the stage set `st.compute`, `dtype`, `cpu_capability`, `amx` and `avx512_bf16`
+capped), a training stage's (sft, rl) `malloc` (coa.launch.use_scalable_malloc), and, where the stage set
+`st.compute`, `dtype`, `cpu_capability`, `amx` and `avx512_bf16`
 (MLflow: numbers as metrics, the rest as `coa.*` tags). A missing input artifact or model folder ends
 the stage with one line: for a model folder, the dvc.yaml stage that writes it (`writer_of`).
 
@@ -33,7 +34,14 @@ from rich.logging import RichHandler
 from coa.config import ConfigError, Params, load_params, to_dict
 from coa.extensions import own_build_locks, use_extension_folder
 from coa.io import ArtifactError, MissingModelError, write_json
-from coa.launch import kill_point, launch_ranks, own_processes, use_vllm_environment
+from coa.launch import (
+    kill_point,
+    launch_ranks,
+    own_processes,
+    scalable_malloc_loaded,
+    use_scalable_malloc,
+    use_vllm_environment,
+)
 from coa.track.registry import register_model
 from coa.track.runs import lineage_tags, stage_run
 
@@ -81,6 +89,19 @@ def setup_logging() -> None:
                             datefmt="[%X]", handlers=[RichHandler(show_path=False)])
 
 
+def _is_main(name: str) -> bool:
+    """Whether this process is the stage's own (``python -m stages.<name>``, as dvc and a launcher start it), not
+    a caller of its main() (a test): only that process may be replaced by a re-execution."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name == f"stages.{name}"
+
+
+def _trains_on_cpu() -> bool:
+    import torch  # a training stage has imported it already
+
+    return not torch.cuda.is_available()  # coa.device.default_device's choice
+
+
 class Stage:
     """Context manager around one stage run; see the module docstring."""
 
@@ -106,6 +127,10 @@ class Stage:
             use_vllm_environment(f"stages.{name}", f"{name}.engine.kind", argv)
         if ds is not None and ds.enabled:  # dvc repro starts one process: the stage launches its ranks
             launch_ranks(f"stages.{name}", ds.processes, f"{name}.deepspeed.processes", argv)
+        if ds is not None and self.params.common.malloc == "auto" and _is_main(name) and _trains_on_cpu():
+            use_scalable_malloc(f"stages.{name}", "common.malloc", argv)  # a training stage on the CPU: tbbmalloc
+        # a training stage's metrics say which malloc it ran under (coa.launch: it changes the speed, not the results)
+        self.facts = {"malloc": "tbbmalloc" if scalable_malloc_loaded() else "system"} if ds is not None else {}
         use_extension_folder(EXTENSIONS)  # this environment's own builds (DeepSpeed's ops), locks with an owner
         own_build_locks()
         self.raw_params = yaml.safe_load(Path(self.args.params).read_text())
@@ -139,15 +164,15 @@ class Stage:
         same to MLflow (or ``logged`` instead, e.g. the same figures under grouped names); MLflow gets the
         strings and flags of ``self.compute`` as ``coa.*`` tags."""
         run_facts = {"wall_time_s": round(self.elapsed, 2), "peak_rss_gb": peak_rss_gb()}
-        metrics = {**metrics, **self.compute, **run_facts}
+        metrics = {**metrics, **self.compute, **self.facts, **run_facts}
         if path is None:
             path = self.args.metrics
         kill_point("metrics")
         write_json(path, metrics)
         kill_point("mlflow")
         self.run.log_metrics({**(logged or metrics), **run_facts}, grouped=bool(logged))
-        if self.compute:
-            self.run.set_tags({f"coa.{k}": str(v) for k, v in self.compute.items()})
+        if self.compute or self.facts:
+            self.run.set_tags({f"coa.{k}": str(v) for k, v in {**self.compute, **self.facts}.items()})
         log.info("%s: done in %.1f s, peak RSS %.2f GB", self.name, self.elapsed, run_facts["peak_rss_gb"])
 
     def register(self, model_dir: str | Path, name: str, tags: dict[str, str] | None = None) -> None:

@@ -168,6 +168,11 @@ class CommonConfig:
     tools: ToolsConfig = _help("The agents' tools (web_search, crawl_page, code), shared by every stage.")
     agent: AgentLimitsConfig = _help("Limits of the student's agent loop (solve_filter, rl, eval).")
     judge: JudgeConfig = _help("The LLM judge of web answers (rl rewards, solve_filter, eval).")
+    malloc: Literal["auto", "system"] = _help(
+        "auto: the training stages (sft, rl) run on the CPU under TBB's scalable allocator where its wheel is "
+        "installed (the train extra, Linux x86-64; glibc's malloc fragments and slowed SFT twofold within a run, "
+        "coa.launch); system: the C library's malloc everywhere. Results are the same either way.",
+        default="auto")
 
     def __post_init__(self) -> None:
         _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from coa.io import read_table
+from coa.launch import tbbmalloc_libraries
 from coa.teacher.trajectory import FILTERS
 from schemas import Document, Reject, Task, TaskStats, Trajectory, Transcript
 from tests.tasks.hotpot_like import hotpot_records, write_hotpot
@@ -248,6 +249,7 @@ def test_sft_trains_and_registers_the_policy(smoke_repo):
     m = yaml.safe_load((smoke_repo / "metrics/sft.json").read_text())
     curve = yaml.safe_load((smoke_repo / "plots/sft_loss.json").read_text())
     assert m["steps"] == len(curve) > 1 and curve[-1]["loss"] < curve[0]["loss"]
+    assert m["malloc"] == MALLOC  # dvc's `python -m stages.sft` ran itself again under tbbmalloc (coa.launch)
     sft = AutoModelForCausalLM.from_pretrained(smoke_repo / "models/sft")
     base = AutoModelForCausalLM.from_pretrained(smoke_repo / "models/base")
     w = "model.layers.0.mlp.up_proj.weight"
@@ -256,6 +258,9 @@ def test_sft_trains_and_registers_the_policy(smoke_repo):
     mlflow.set_tracking_uri(f"sqlite:///{smoke_repo / '.mlflow/mlflow.db'}")
     versions = mlflow.MlflowClient().search_model_versions("name='coa-sft'")
     assert versions, "the SFT policy is registered as coa-sft"
+
+
+MALLOC = "tbbmalloc" if tbbmalloc_libraries() is not None else "system"  # common.malloc: auto, on this CPU
 
 
 def torch_equal(a, b) -> bool:
@@ -321,6 +326,7 @@ def test_solve_filter_and_rl_reconcile_and_register(smoke_repo):
     curve = yaml.safe_load((smoke_repo / "plots/rl_reward.json").read_text())
     assert rl["steps"] == len(curve) == 2 and all(row["reward"] is not None for row in curve)
     assert rl["tasks"] == m["kept"] and rl["heldout_rollouts"] == 3
+    assert rl["malloc"] == MALLOC and "malloc" not in m  # the training stages only
     assert m["policy_tokens_per_s"] > 0 and rl["policy_tokens_per_s"] > 0  # the engine's rate, in both stages
     assert not (smoke_repo / ".cache/rl").exists()
     mlflow.set_tracking_uri(f"sqlite:///{smoke_repo / '.mlflow/mlflow.db'}")
