@@ -330,9 +330,9 @@ def main(argv):
         if pidfd is None or pidfd in ready:
             done, st, ru = os.wait4(pid, os.WNOHANG)
             status, usage = (st, ru) if done else (None, None)
-    if status is None:  # timeout or too much output
+    if status is None:  # timeout or too much output: the whole namespace at once (a fork bomb forks on)
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(-1 if namespaces else pid, signal.SIGKILL)
         except OSError:
             pass
         _, status, usage = os.wait4(pid, 0)

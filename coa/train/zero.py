@@ -17,6 +17,7 @@ launcher are filled in when absent.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -67,6 +68,21 @@ def init_distributed(ds: DeepSpeedConfig) -> None:
         # and nothing is built mid-run ("edits to it persist": deepspeed/ops/__init__.py)
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=ds.dist_backend, timeout=collective.set_timeout(ds.timeout_minutes))
+    if not _DESTROY_AT_EXIT:
+        _DESTROY_AT_EXIT.append(atexit.register(_destroy_process_groups))
+
+
+_DESTROY_AT_EXIT: list[Callable[[], None]] = []  # registered once
+
+
+def _destroy_process_groups() -> None:
+    """At exit, while the interpreter is whole: destroy every process group. Left to the interpreter's
+    finalization, a gloo group's worker threads may free work that holds Python objects after the GIL is gone,
+    and the rank dies of SIGABRT ("terminate called without an active exception") after its work is done (CI,
+    a ZeRO-3 test's rank 1); torch's advice, for every backend, is to destroy the groups before the program ends
+    (a gloo group's shutdown is local: a rank that finishes first does not wait for the others)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def deepspeed_config(ds: DeepSpeedConfig, world: int, *, dtype: str, grad_clip: float, micro_batch: int = 1,

@@ -108,6 +108,27 @@ print([g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for 
     assert out.stdout.strip().splitlines()[-1] == "[4620.0, 4620.0]"
 
 
+def test_the_process_groups_are_destroyed_before_the_interpreter_ends():
+    """init_distributed destroys every group at exit (an atexit handler registered before it runs after it), not
+    the interpreter's finalization (a gloo rank died of SIGABRT there in CI); a group the program destroyed
+    itself is no error."""
+    code = """
+import atexit, torch.distributed as dist
+from coa.config import load_params
+from coa.train.zero import init_distributed
+atexit.register(lambda: print("after exit:", dist.is_initialized()))
+init_distributed(load_params("params.yaml").rl.deepspeed)
+init_distributed(load_params("params.yaml").rl.deepspeed)
+side = dist.new_group([0], backend="gloo")
+print("running:", dist.is_initialized())
+"""
+    for tail in ("", "dist.destroy_process_group()\n"):
+        out = __import__("subprocess").run([__import__("sys").executable, "-c", code + tail], capture_output=True,
+                                           text=True, cwd=ROOT, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-2:] == ["running: True", "after exit: False"]
+
+
 def test_one_process_returns_the_values():
     assert not collective.active()
     assert collective.reduce_values([1, 2.5], "max") == [1.0, 2.5]
