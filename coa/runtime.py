@@ -58,9 +58,21 @@ def vllm_options(cfg: Any) -> dict[str, Any]:
     return options
 
 
+def engine_rows(cfg: Any, dtype: Any) -> int:
+    """The hf engine's ``max_batch`` from an `engine:` section for an engine computing in ``dtype`` (a torch
+    dtype): ``max_batch_float32`` in float32 (a KV cache of twice a bf16 row's bytes) where set, else
+    ``max_batch``."""
+    import torch
+
+    if dtype == torch.float32 and cfg.max_batch_float32 is not None:
+        return cfg.max_batch_float32
+    return cfg.max_batch
+
+
 def engine_from(cfg: Any, model_path: str) -> Any:
     """A rollout engine from an `engine:` params section (coa.config.EngineConfig) and a model folder; its
     rollouts report progress (coa.progress.tracked)."""
+    from coa.device import resolve_dtype
     from coa.io import model_folder
     from coa.progress import tracked
     from coa.rollout import make_engine
@@ -68,7 +80,8 @@ def engine_from(cfg: Any, model_path: str) -> Any:
     model_folder(model_path, tokenizer_only=cfg.kind == "openai")  # a local folder, never a Hub repo id
     if cfg.kind == "hf":
         device = "cuda" if _cuda() else "cpu"
-        engine = make_engine("hf", model_path, dtype=cfg.dtype, max_batch=cfg.max_batch, device=device,
+        rows = engine_rows(cfg, resolve_dtype(cfg.dtype, device))
+        engine = make_engine("hf", model_path, dtype=cfg.dtype, max_batch=rows, device=device,
                              tool_grace_s=cfg.tool_grace_s)
     elif cfg.kind == "vllm":
         check_vllm_share(cfg, model_path)

@@ -69,8 +69,18 @@ def test_shipped_params_use_auto():
 
     import yaml
 
+    def values(node):  # every (key, value) leaf of the params tree
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from ((key, value),) if not isinstance(value, (dict, list)) else values(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from values(item)
+
     text = (Path(__file__).resolve().parents[1] / "params.yaml").read_text()
-    assert "bfloat16" not in text and "float32" not in yaml.safe_dump(yaml.safe_load(text))
+    leaves = list(values(yaml.safe_load(text)))
+    assert "bfloat16" not in text and not [v for _, v in leaves if v in ("float32", "bfloat16")]
+    assert {v for k, v in leaves if k == "dtype"} == {"auto"}
 
 
 @pytest.mark.parametrize("kw, amx, avx512_bf16", [({"flags": "avx2 fma"}, False, False),

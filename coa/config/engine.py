@@ -55,9 +55,16 @@ class EngineConfig:
         "hf: seconds the batch waits for a tool past its due step before the row is parked and the other rows go "
         "on (a slow web call stalls only its own trajectory); null = always wait (byte-identical reruns; fit for "
         "local tools); 0.05 suits remote tools (docs/engine.md).", default=None)
+    max_batch_float32: int | None = _help(
+        "hf: trajectories decoded together where the engine computes in float32 (dtype auto on a CPU without "
+        "native bf16), whose KV cache takes twice a bf16 row's bytes; null = max_batch (docs/engine.md).",
+        default=None)
     vllm: VllmConfig = _help("vllm: the engine's share of the GPU, tensor parallelism, sleep mode (docs/scale.md).",
                              default_factory=VllmConfig)
 
     def __post_init__(self) -> None:
         _require(self.max_batch >= 1, "max_batch", "must be >= 1")
+        _require(self.max_batch_float32 is None or self.max_batch_float32 >= 1, "max_batch_float32",
+                 "must be >= 1 or null")
         _require(self.tool_grace_s is None or self.tool_grace_s >= 0, "tool_grace_s", "must be >= 0 or null")
+

@@ -40,6 +40,7 @@ def test_shipped_params_load(repo_root):
         ({"sft.logprob_chunk": -1}, r"^sft\.logprob_chunk: must be >= 0 \(positions per chunk; 0 = off\)"),
         ({"rl.engine.max_batch": 0}, r"^rl\.engine\.max_batch: must be >= 1"),
         ({"eval.engine.max_batch": 0}, r"^eval\.engine\.max_batch: must be >= 1"),
+        ({"eval.engine.max_batch_float32": 0}, r"^eval\.engine\.max_batch_float32: must be >= 1 or null"),
         ({"eval.sampling.web.top_p": 2.0}, r"^eval\.sampling\.web\.top_p: must be within"),
     ],
 )

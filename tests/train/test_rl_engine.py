@@ -75,6 +75,24 @@ def test_the_engine_sleeps_through_the_update_and_wakes_weights_then_kv_cache(mo
     assert engine.calls == step * 2
 
 
+def test_an_engine_in_float32_decodes_its_own_number_of_rows(monkeypatch):
+    """max_batch_float32 (a float32 KV cache takes twice a bf16 row's bytes) sizes the float32 engines: the rollout
+    stages' (coa.runtime.engine_from) and RL's own (rl_engine); bf16 keeps max_batch, and null means max_batch."""
+    from coa.runtime import engine_rows
+    from coa.train.dapo.engine import rl_engine
+
+    params = load_params(ROOT / "params.yaml")
+    for section in (params.eval.engine, params.solve_filter.engine):
+        assert (engine_rows(section, torch.float32), engine_rows(section, torch.bfloat16)) == (48, 96)
+    assert engine_rows(replace(params.eval.engine, max_batch_float32=None), torch.float32) == 96
+    tok = make_tokenizer()
+    model = scripted_qwen2(tok, WEB_SCRIPT)
+    cfg = replace(params.rl, dtype="float32", engine=replace(params.rl.engine, dtype="float32", max_batch_float32=5))
+    assert rl_engine(cfg, "unused", model, tok).max_batch == 5
+    cfg = replace(cfg, engine=replace(cfg.engine, max_batch_float32=None))
+    assert rl_engine(cfg, "unused", model, tok).max_batch == params.rl.engine.max_batch
+
+
 @pytest.mark.parametrize("world,every,shares", [
     (4, 1, [(0, 2), (2, 4), (4, 6), (6, 8)]),
     (4, 2, [(0, 4), (0, 0), (4, 8), (0, 0)]),

@@ -29,7 +29,7 @@ import torch
 
 from coa.device import release_gpu_cache, resolve_dtype
 from coa.progress import tracked
-from coa.runtime import check_vllm_share, close_engine, vllm_options
+from coa.runtime import check_vllm_share, close_engine, engine_rows, vllm_options
 from coa.train import collective
 from coa.train.dapo.update import first_trainable_layer
 
@@ -69,7 +69,8 @@ def rl_engine(cfg: Any, policy_path: str, model: torch.nn.Module, tok: Any) -> A
             policy = load_pretrained(policy_path, dtype)[0].to(device)
         else:
             policy = model if dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(dtype)
-        return tracked(HFEngine(policy, tok, max_batch=cfg.engine.max_batch, tool_grace_s=cfg.engine.tool_grace_s,
+        return tracked(HFEngine(policy, tok, max_batch=engine_rows(cfg.engine, dtype),
+                                tool_grace_s=cfg.engine.tool_grace_s,
                                 keep_hidden=first_trainable_layer(model, cfg)), "hf rollouts of the RL policy")
     if cfg.engine.kind != "vllm":
         raise SystemExit(f"rl.engine.kind={cfg.engine.kind} cannot receive the trained weights; use hf or vllm")
