@@ -1,6 +1,7 @@
 """The AVX2 lever of keeping bf16 weights and computing in float32: one decode step's matmuls, priced three ways.
 
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python bench/bf16_weights.py   # as an AVX2 laptop runs
+    # as an AVX2 laptop runs (MKL picks its own instructions: without its variable float32 matmuls use AVX-512)
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python bench/bf16_weights.py
     python bench/bf16_weights.py --rows 1 16 64 --model models/base
 
 A decode step of B rows reads every weight once: in float32 that is 4 bytes a parameter, so on a CPU without
