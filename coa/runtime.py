@@ -82,7 +82,7 @@ def engine_from(cfg: Any, model_path: str) -> Any:
         device = "cuda" if _cuda() else "cpu"
         rows = engine_rows(cfg, resolve_dtype(cfg.dtype, device))
         engine = make_engine("hf", model_path, dtype=cfg.dtype, max_batch=rows, device=device,
-                             tool_grace_s=cfg.tool_grace_s)
+                             tool_grace_s=cfg.tool_grace_s, frozen=True)  # the stages' models never change
     elif cfg.kind == "vllm":
         check_vllm_share(cfg, model_path)
         engine = make_engine("vllm", model_path, dtype=cfg.dtype, **vllm_options(cfg))

@@ -45,7 +45,7 @@ def make_engine(kind: str, model_path: str, **options: Any) -> Engine:
     """An engine from plain arguments (what a stage reads from params).
 
     hf: ``model_path`` a local HF folder; options: dtype ("auto" | "float32" | "bfloat16" | torch.dtype), device
-        ("cpu", "cuda"), max_batch, max_chunk_tokens, tool_workers, block_size, tool_grace_s.
+        ("cpu", "cuda"), max_batch, max_chunk_tokens, tool_workers, block_size, tool_grace_s, frozen.
     vllm: ``model_path`` a local HF folder; options: VLLMEngine's (dtype, gpu_memory_utilization,
         max_model_len, tool_workers, enable_prefix_caching, seed, and other ``vllm.LLM`` keyword args via
         llm_kwargs).

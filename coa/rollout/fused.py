@@ -154,6 +154,24 @@ class FusedDecoder:
         self.embed = self.model.get_input_embeddings().weight.detach()
         self.head = Linear(self.model.get_output_embeddings().weight)
 
+    @torch.no_grad()
+    def own(self) -> None:
+        """Hold copies of every weight :meth:`load` took from the model (packed weights and concatenations
+        already are copies) and drop the model: nothing here then refers to its parameters, so a frozen engine
+        can let the model, and the checkpoint file its parameters may map, go (coa.rollout.hf.HFEngine's
+        ``frozen``). Tied input and output embeddings stay one tensor."""
+        tied = not self.head.packed and self.head.w.data_ptr() == self.embed.data_ptr()
+        for w in self.layers:
+            w["ln1"], w["ln2"] = w["ln1"].clone(), w["ln2"].clone()
+            for name in ("o", "down"):
+                if not w[name].packed:
+                    w[name].w = w[name].w.clone()
+        self.norm, self.embed = self.norm.clone(), self.embed.clone()
+        if not self.head.packed:
+            self.head.w = self.embed if tied else self.head.w.clone()
+        self.inv_freq = self.inv_freq.clone()
+        self.model = None
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head: hidden [S, H] (from :meth:`forward`) -> logits [S, V]."""
         return self.head(hidden.contiguous())

@@ -76,6 +76,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,21 +175,27 @@ class HFEngine:
     keep_hidden: L: every rollout carries the residual stream entering decoder layer L at each position fed
         (``Rollout.hidden``), for an RL update that trains only the layers from L on; needs the fused decoder
         (else ``hidden`` stays None).
+    frozen: the weights never change (an engine that only evaluates; :meth:`sync` refuses): the first rollout
+        builds the fused decoder, which takes its own copies of the weights, and lets the model go, so the
+        checkpoint's file pages that loading mapped (safetensors) are released; later calls reuse the decoder.
+        Where the fused decoder does not run, the model stays.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 32, max_chunk_tokens: int = 256,
                  tool_workers: int = 8, block_size: int = BLOCK_SIZE, share_prefix: bool = True,
                  min_shared_prefix: int = 16, tool_delay_steps: int = TOOL_DELAY_STEPS,
-                 tool_grace_s: float | None = None, fused: bool = True, keep_hidden: int | None = None):
+                 tool_grace_s: float | None = None, fused: bool = True, keep_hidden: int | None = None,
+                 frozen: bool = False):
         if min(max_batch, max_chunk_tokens, tool_workers, tool_delay_steps, block_size) < 1:
             raise ValueError("max_batch, max_chunk_tokens, tool_workers, tool_delay_steps and block_size must be >= 1")
         if tool_grace_s is not None and not tool_grace_s >= 0:
             raise ValueError(f"tool_grace_s must be None or >= 0 seconds, got {tool_grace_s}")
-        self.model, self.tokenizer = model, tokenizer
+        self.model, self.tokenizer, self.config = model, tokenizer, getattr(model, "config", None)
         self.max_batch, self.max_chunk_tokens, self.block_size = max_batch, max_chunk_tokens, block_size
         self.tool_workers, self.tool_delay_steps, self.tool_grace_s = tool_workers, tool_delay_steps, tool_grace_s
         self.share_prefix, self.min_shared_prefix = share_prefix, max(1, min_shared_prefix)
-        self.fused, self.keep_hidden = fused, keep_hidden
+        self.fused, self.keep_hidden, self.frozen = fused, keep_hidden, frozen
+        self._decoder: FusedDecoder | None = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
         self._texts = vocab_texts(tokenizer)
@@ -200,6 +207,8 @@ class HFEngine:
         and rolls out a copy in the engine's dtype (bf16 where native). A no-op when it is this engine's model.
         ``trained`` may also be chunks of (name, tensor), as coa.train.zero.module_weights yields them (DeepSpeed
         ZeRO-3's shards gathered one module at a time): each is copied as it comes; every parameter must come."""
+        if self.frozen:
+            raise ValueError("sync: this engine is frozen (it evaluates fixed weights); build it with frozen=False")
         if trained is self.model:
             return
         with torch.no_grad():
@@ -239,24 +248,34 @@ class HFEngine:
         trajs = [Trajectory(r, self.tokenizer, stops, limits, tools(r)) for r in requests]
         self.stats = Stats()
         self._on_token = on_token or (lambda _traj: None)
-        param = next(self.model.parameters())  # read per call: a trainer may have moved or cast the model
-        self.device, self.dtype = param.device, param.dtype
-        was_training = self.model.training
-        self.model.eval()
+        model = self.model  # None once a frozen engine's decoder holds the weights
+        if model is not None:
+            param = next(model.parameters())  # read per call: a trainer may have moved or cast the model
+            self.device, self.dtype = param.device, param.dtype
+            del param
+            was_training = model.training
+            model.eval()
         self._cache = PagedCache(self.block_size, self._initial_blocks(limits), device=self.device)
         start = time.perf_counter()
-        self._decoder = FusedDecoder.build(self.model) if self.fused else None
-        if self._decoder is not None:
-            self._decoder.load()  # the weights as they are now (an RL step may have changed them)
+        if model is not None:
+            self._decoder = FusedDecoder.build(model) if self.fused else None
+            if self._decoder is not None:
+                self._decoder.load()  # the weights as they are now (an RL step may have changed them)
+                if self.frozen:  # the decoder's own copies from now on: let the model and its mapped file go
+                    self._decoder.own()
+                    self.model = model = None
         try:
-            with (torch.inference_mode(), paged_attention_impl(self.model),
+            with (torch.inference_mode(), paged_attention_impl(model) if model is not None else nullcontext(),
                   ThreadPoolExecutor(self.tool_workers, thread_name_prefix="tool") as pool):
                 self._run(trajs, sampling, pool)
         finally:
-            self.model.train(was_training)
+            if model is not None:
+                model.train(was_training)
             self.stats.kv_peak_bytes = self._cache.peak_blocks * self._cache.nbytes() // max(self._cache.capacity, 1)
             self.stats.kv_peak_positions = self._cache.peak_blocks * self.block_size
-            self._groups, self._prefix_of, self._cache, self._decoder = {}, {}, None, None  # free the blocks
+            self._groups, self._prefix_of, self._cache = {}, {}, None  # free the blocks
+            if self.model is not None:
+                self._decoder = None
         self.stats.wall_s = time.perf_counter() - start
         self.stats.policy_tokens = sum(sum(t.out.loss_mask) for t in trajs)
         return [t.result() for t in trajs]
@@ -267,16 +286,20 @@ class HFEngine:
         committed only as blocks are first used (coa.rollout.paged), so the pools never grow; 64 blocks
         elsewhere (an accelerator's memory is committed at allocation), or when the model's config does not
         say its KV shape."""
-        cfg = getattr(self.model, "config", None)
+        cfg = self.config
         try:
             layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads or cfg.num_attention_heads
             head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         except AttributeError:
             return 64
-        param = next(self.model.parameters())
-        if param.device.type != "cpu":
+        if self.model is not None:
+            param = next(self.model.parameters())
+            device, dtype = param.device, param.dtype
+        else:  # a frozen engine's decoder holds the weights (in the device and dtype its first call read)
+            device, dtype = self.device, self.dtype
+        if device.type != "cpu":
             return 64
-        per_block = 2 * layers * kv_heads * head_dim * self.block_size * param.dtype.itemsize
+        per_block = 2 * layers * kv_heads * head_dim * self.block_size * dtype.itemsize
         want = (self.max_batch + 2) * -(-(limits.max_total_tokens + self.block_size) // self.block_size)
         return max(64, min(want, physical_memory() // 2 // per_block))
 

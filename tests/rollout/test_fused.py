@@ -186,3 +186,44 @@ def test_what_the_kernels_do_not_take_runs_through_torch_with_one_logged_reason(
             full = tiny(tok, **{**options, "sliding_window": None})
             assert not torch.allclose(teacher_forced(full, ids, 1.0)[len(r.prompt_ids) - 1 :][mask], want,
                                       atol=1e-3)
+
+
+def _mapped(folder) -> bool:
+    """Whether this process maps any file of ``folder`` (safetensors maps the checkpoint it loads)."""
+    with open("/proc/self/maps") as f:
+        return str(folder) in f.read()
+
+
+@needs_kernels
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/maps"), reason="reads /proc/self/maps")
+def test_a_frozen_engine_lets_the_model_and_its_mapped_checkpoint_go(tok, requests_of, tmp_path):
+    """frozen=True (the rollout stages' engines): the first call packs the weights into the fused decoder's own
+    copies and drops the model, so the checkpoint file loading mapped is unmapped before decoding starts; the
+    rollouts, that call's and the next's, are a model-holding engine's, and sync is refused."""
+    import gc
+    import weakref
+
+    from coa.model import save_pretrained
+    from coa.rollout import make_engine
+
+    model = tiny(tok)
+    save_pretrained(model, tok, tmp_path / "m", {})
+    requests = requests_of(3)
+    plain = HFEngine(model, tok, max_batch=2).rollout(requests, GREEDY, LIMITS, Recorder())
+    engine = make_engine("hf", str(tmp_path / "m"), dtype="float32", max_batch=2, frozen=True)
+    held = weakref.ref(engine.model)
+    gc.collect()
+    assert _mapped(tmp_path / "m")
+    seen = []
+    first = engine.rollout(requests, GREEDY, LIMITS, Recorder(),
+                           on_token=lambda _t: seen.append(_mapped(tmp_path / "m")) if not seen else None)
+    gc.collect()
+    assert seen == [False] and not _mapped(tmp_path / "m") and held() is None and engine.model is None
+    again = engine.rollout(requests, GREEDY, LIMITS, Recorder())
+    assert sum(len(r.response_ids) for r in plain) > 20
+    for a, b, c in zip(plain, first, again, strict=True):
+        assert a.response_ids == b.response_ids == c.response_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+        assert b.logprobs == c.logprobs
+    with pytest.raises(ValueError, match="frozen"):
+        engine.sync(model)
