@@ -36,6 +36,17 @@ torch_check = $(1)/bin/python -c "import torch" 2>/dev/null || { echo "setup: to
 	TORCH_CPU_INDEX to a mirror of it) and run make setup again; on a GPU machine see README, Your GPUs."; exit 1; }
 endif
 
+# ISA=avx2 (`make pipeline ISA=avx2`): hold PyTorch, oneDNN, MKL and coa's C kernels to AVX2, as a laptop without
+# AVX-512 runs (dtype auto then picks float32); each picks its instructions apart, so all four (docs/sizing.md).
+ifeq ($(ISA),avx2)
+export ATEN_CPU_CAPABILITY := avx2
+export ONEDNN_MAX_CPU_ISA := AVX2
+export MKL_ENABLE_INSTRUCTIONS := AVX2
+export COA_KERNEL_MARCH := x86-64-v3
+else ifneq ($(ISA),)
+$(error ISA=$(ISA): the one value is avx2 (or leave ISA unset for this CPU's own instructions))
+endif
+
 # vLLM's own environment (docs/scale.md): its pins (fastapi, transformers, its torch build) cannot share .venv.
 # The stages whose engine is vllm switch to it by themselves.
 VLLM_VENV       ?= .venv-vllm

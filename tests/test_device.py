@@ -95,3 +95,22 @@ def test_hardware_facts_name_the_bf16_units(monkeypatch, kw, amx, avx512_bf16):
     assert native_bf16("cpu") == (amx or avx512_bf16)
     assert device.compute_facts(torch.bfloat16) == {"dtype": "bfloat16", **facts}
     assert device.compute_facts("float32")["dtype"] == "float32" and "dtype" not in device.compute_facts(None)
+
+
+@pytest.mark.skipif(not ({"avx2", "fma"} <= device._cpu_flags()), reason="needs an x86 CPU with AVX2")
+def test_make_isa_avx2_holds_every_library_to_avx2(repo_root):
+    """`make ... ISA=avx2` (the AVX2 laptop's run on any x86 CPU): PyTorch's kernels report AVX2, dtype auto
+    resolves float32, and MKL, oneDNN and the C kernels get their limits; any other ISA value stops make."""
+    import subprocess
+    import sys
+
+    probe = (f"{sys.executable} -c 'import torch; from coa.device import resolve_dtype; "
+             "print(torch.backends.cpu.get_cpu_capability(), resolve_dtype(\"auto\", \"cpu\"))'; "
+             "echo $$MKL_ENABLE_INSTRUCTIONS $$ONEDNN_MAX_CPU_ISA $$COA_KERNEL_MARCH")
+    run = subprocess.run(["make", "-s", "--no-print-directory", "--eval", f"probe: ; @{probe}", "probe", "ISA=avx2"],
+                         cwd=repo_root, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["AVX2", "torch.float32", "AVX2", "AVX2", "x86-64-v3"]
+    bad = subprocess.run(["make", "-s", "--eval", "probe: ; @true", "probe", "ISA=sse"], cwd=repo_root,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "the one value is avx2" in bad.stderr
