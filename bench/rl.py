@@ -3,17 +3,22 @@
     python bench/rl.py --tag base                                   # params.yaml's rl section as shipped
     python bench/rl.py --tag lr5e-5 --set lr=5e-5 --set steps=6 --pool 24 --filter-k 4
     python bench/rl.py --tag top8 --set trainable_layers=8 --eval-temperature 0.6 --eval-k 2 --out /tmp/rl.jsonl
+    python bench/rl.py --tag opd --set guide.source=team --set guide.dapo_coef=0 --set trainable_layers=0
 
 The validation slice is the last ``--val`` rl-split tasks of each domain (by task_id), never the eval split
 and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
 those the difficulty stage kept). ``--filter-k K`` runs the solve filter first (K rollouts per pool task at
 the solve filter's temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage does. RL is the rl stage's
-own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value``, rollouts
+own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value`` (a nested
+key as ``guide.source=team``) and its guided loss (coa.train.dapo.guided.guided_from: the teacher team on the
+student's states, or its own correct rollouts), rollouts
 from a copy in the engine's dtype, the reward of coa.rewards.reward. Then SFT (cached per policy and
 settings under .cache/bench-rl) and the RL policy are evaluated on the validation slice the way the eval
 stage does (coa.eval.evaluate.evaluate_by_domain, ``--eval-temperature``, ``--eval-k``), and RL - SFT is paired
 by task with a bootstrap interval (coa.eval.metrics.paired_difference). Prints one JSON row (appended to
-``--out``): the settings, seconds per part, accuracy and format_ok per domain, the paired difference.
+``--out``): the settings, wall and CPU seconds per part (CPU: the process's, every thread), rollouts generated,
+accuracy and format_ok per domain, tool use after a failed call (coa.eval.behaviour) and agreement with the team
+on the slice, the paired difference.
 Needs the pipeline's outputs up to sft (``dvc repro sft``); quote the printed ``cpu`` with the figures.
 """
 
@@ -58,16 +63,33 @@ def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: in
     return train, valid
 
 
-def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok) -> list[dict]:
+KEEP = ("task_id", "sample", "domain", "correct", "parse_ok", "finish", "recovered", "fixed", "repeated_failure",
+        "repeated_calls", "failed_calls", "reflection_names_failure", "lucky", "team_states", "team_agree")
+
+
+def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok, guide=None) -> list[dict]:
+    """The eval stage's rollouts on ``tasks``, each row with its tool-use flags (coa.eval.behaviour) and, with
+    ``guide``, its agreement with the teacher team (coa.train.dapo.guided.count_states)."""
     from coa.config import DomainSamplingConfig
+    from coa.eval.behaviour import behaviour
     from coa.eval.evaluate import evaluate_by_domain
+    from coa.teacher.states import count_states
+
+    def inspect(task, rollout, correct):
+        facts = count_states(guide, tok, task, rollout, correct)
+        return {"team_states": facts.guided, "team_agree": facts.agree}
 
     sampling = {d: DomainSamplingConfig(temperature=temperature, top_p=1.0) for d in ("web", "math", "code")}
-    return evaluate_by_domain(engine, tasks, k, sampling, lambda d: hash((seed, d)) & 0xFFFF, limits, tools, tok)
+    rows = evaluate_by_domain(engine, tasks, k, sampling, lambda d: hash((seed, d)) & 0xFFFF, limits, tools, tok,
+                              inspect=inspect if guide is not None else None)
+    return [{k_: v for k_, v in {**r, **behaviour(r["text"], r["domain"], r["correct"], r["answer"])}.items()
+             if k_ in KEEP} for r in rows]
 
 
 def summary(rows: list[dict]) -> dict:
-    out = {}
+    from coa.eval.behaviour import rates
+
+    out = {key: value for key, value in rates(rows).items() if value == value}
     for domain in ("web", "math", "code", None):
         part = [r for r in rows if domain is None or r["domain"] == domain]
         if part:
@@ -106,12 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     from coa.rollout.hf import HFEngine
     from coa.rollout.types import Sampling
     from coa.runtime import agent_limits, tools_factory
+    from coa.teacher.guide import Guide, clean_style
+    from coa.teacher.run import make_teacher
     from coa.train.dapo import reward_score, train_dapo
     from coa.train.dapo.engine import rl_engine
+    from coa.train.dapo.guided import guided_from
 
     params = load_params(ROOT / "params.yaml")
     overrides = dict(kv.split("=", 1) for kv in args.set)
-    cfg = dataclasses.replace(params.rl, **{k: _value(v) for k, v in overrides.items()})
+    cfg = params.rl
+    for key, value in overrides.items():
+        if "." in key:
+            section, name = key.split(".", 1)
+            cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section),
+                                                                         **{name: _value(value)})})
+        else:
+            cfg = dataclasses.replace(cfg, **{key: _value(value)})
     limits, tools = agent_limits(params.common.agent), tools_factory(params.common.tools, str(ROOT / "data/index"))
     seed = derive_seed(params.common.seed, "rl")
     tasks = pl.read_parquet(ROOT / "data/tasks.parquet")
@@ -151,22 +183,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     score = reward_score(RewardSpec.of(cfg, limits.max_total_tokens))
+    guided = guided_from(cfg.guide, params.distill, params.common.tools, str(ROOT / "data/index"), tok, seed,
+                         limits.max_total_tokens)
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = train_dapo(model, tok, train, cfg, engine=engine, limits=limits, tools_factory=tools, score=score,
-                        render=lambda t: render_prompt(tok, t["question"], t["domain"]), seed=seed)
-    row["rl_s"] = round(time.perf_counter() - start, 1)
+                        render=lambda t: render_prompt(tok, t["question"], t["domain"]), seed=seed, guided=guided)
+    row["rl_s"], row["rl_cpu_s"] = round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)
     h = result.history
     row.update({"rollout_s": round(sum(x["rollout_s"] for x in h), 1), "update_s": round(sum(x["update_s"] for x in h), 1),
+                "rollouts": sum(x["groups_generated"] for x in h) * cfg.rollouts_per_prompt,
                 "reward": [round(x["reward"], 3) for x in h], "kept": [x["groups_kept"] for x in h],
-                "trained_tokens": sum(x.get("policy_tokens_trained", 0) for x in h)})
+                "trained_tokens": sum(x.get("policy_tokens_trained", 0) for x in h),
+                "guide_tokens": sum(x.get("guide_tokens_trained", 0) for x in h),
+                "guide_agreement": [x.get("guide_agreement") for x in h],
+                "guide_examples": [x.get("guide_examples") for x in h]})
     print(json.dumps(row), flush=True)
     if args.save:
         save_pretrained(result.model, tok, args.save, {})
 
     # validation: SFT (cached) and RL, paired
+    guide = Guide(make_teacher(clean_style(params.distill), params.common.tools, str(ROOT / "data/index")), seed)
     key = hashlib.sha256(json.dumps([md5_path(ROOT / args.policy), args.val, args.eval_temperature, args.eval_k,
-                                     cpu_capability()]).encode()).hexdigest()[:16]
+                                     cpu_capability(), "v2"]).encode()).hexdigest()[:16]
     cache = ROOT / ".cache/bench-rl" / f"sft-{key}.json"
     start = time.perf_counter()
     if cache.exists():
@@ -174,13 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         base_engine = HFEngine(copy.deepcopy(load_pretrained(ROOT / args.policy)[0]).to(dtype), tok,
                                max_batch=params.eval.engine.max_batch)
-        sft_rows = evaluate_rows(base_engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok)
-        sft_rows = [{k: r[k] for k in ("task_id", "sample", "domain", "correct", "parse_ok", "finish")} for r in sft_rows]
+        sft_rows = evaluate_rows(base_engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(sft_rows))
     engine.sync(result.model)
     engine.max_batch = params.eval.engine.max_batch
-    rl_rows = evaluate_rows(engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok)
+    rl_rows = evaluate_rows(engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
     row["eval_s"] = round(time.perf_counter() - start, 1)
     row["sft"], row["rl"] = summary(sft_rows), summary(rl_rows)
     pair = paired_difference({(r["task_id"], r["sample"]): r["correct"] for r in rl_rows},

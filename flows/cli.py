@@ -134,7 +134,8 @@ def show(path: str, limit: int, where: list[str], out: Any) -> int:
                 at = m.end()
             out.print(text[at:], style=_style(text[:at]), markup=False, highlight=False)
             extra = {k: row[k] for k in ("correct", "answer", "finish", "n_tool_calls", "tool_calls", "failed_calls",
-                                         "recovered", "repeated_calls", "lucky", "weight") if k in row}
+                                         "recovered", "fixed", "repeated_calls", "lucky", "team_states", "team_agree",
+                                         "weight") if k in row}
             out.print(json.dumps(extra), style="dim", markup=False)
         return df.height
     columns = [c for c in df.columns if c not in ("text", "messages", "calls", "tests")]

@@ -162,7 +162,15 @@ class EvalRow(pa.DataFrameModel):
     recovered: bool = pa.Field(nullable=True, description="A tool call follows the first failed one; null without one")
     reflection_names_failure: bool = pa.Field(nullable=True, description="The reflection after the first failed call "
                                               "says it failed; null without a failed call or a reflection")
+    fixed: bool = pa.Field(nullable=True, description="The call after the first failed one differs from it and did "
+                           "not fail; null without a failed call")
+    repeated_failure: bool = pa.Field(nullable=True, description="The call after the first failed one is that call "
+                                      "again; null without a failed call")
     repeated_calls: int = pa.Field(ge=0, description="Calls identical to an earlier call of the attempt")
+    team_states: int = pa.Field(ge=0, nullable=True, description="States the rollout visited where the teacher team "
+                                "had a turn (coa.train.dapo.guided.count_states); null for the teacher's own attempts")
+    team_agree: int = pa.Field(ge=0, nullable=True, description="Of those, the states where the policy's next turn "
+                               "did what the team's would (the same call or effect, or a right answer)")
     lucky: bool = pa.Field(nullable=True, description="A correct math answer no program printed (crash or unrelated "
                                           "output); null outside math and for wrong answers")
 

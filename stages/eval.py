@@ -49,7 +49,9 @@ from coa.io import first_per_domain, read_table, write_table
 from coa.model import load_tokenizer
 from coa.runtime import agent_limits, close_engine, engine_dtype, engine_from, judge_from, tools_factory
 from coa.tasks.adapters import load_source
+from coa.teacher.guide import Guide, clean_style
 from coa.teacher.run import TeacherOutage, make_teacher, teacher_rows
+from coa.teacher.states import count_states
 from coa.tools.webcache import close_store, stage_store
 from schemas import EVAL_DTYPES, EvalRow, Task
 from stages._stage import Stage
@@ -89,9 +91,13 @@ def main(argv: list[str] | None = None) -> None:
         models = [(name, getattr(st.args, name)) for name in POLICIES] + ([("teacher", None)] if cfg.teacher else [])
         store = stage_store(st.params.common.tools.web_cache, st.args.web)
         sessions, judge = tools_factory(st.params.common.tools, st.args.index, store), judge_from(st.params.common.judge)
+        # where each student's rollouts go the teacher team's way (the rl stage's guide: its careful route per task)
+        guide = Guide(make_teacher(clean_style(st.params.distill), st.params.common.tools, st.args.index, store),
+                      derive_seed(seed, "rl"), judge)
         for name, path in sorted(models, key=lambda m: m[0] != "teacher"):  # the teacher first: an outage fails fast
             start = time.perf_counter()
             engine = engine_from(cfg.engine, path) if path else None  # one engine per model, every group
+            inspect = partial(_agreement, guide, engine.tokenizer) if engine is not None else None
             teacher = None if path else make_teacher(st.params.distill, st.params.common.tools, st.args.index, store)
             for group, part in sets.items():
                 if name == "base" and group == "eval" and cfg.base_max_tasks:
@@ -102,11 +108,13 @@ def main(argv: list[str] | None = None) -> None:
                 try:
                     got = (evaluate_by_domain(engine, part, cfg.k, cfg.sampling,
                                               partial(derive_seed, seed, "eval", name),  # the domain's seed
-                                              agent_limits(st.params.common.agent), sessions, tok, judge) if path
+                                              agent_limits(st.params.common.agent), sessions, tok, judge, inspect)
+                           if path
                            else teacher_rows(teacher, part, cfg.k, seed, token_counter(tok), st.params.distill, judge))
                 except TeacherOutage as err:
                     raise SystemExit(str(err)) from None
-                rows += [{**r, **behaviour(r["text"], r["domain"], r["correct"], r["answer"]), "model": name,
+                rows += [{"team_states": None, "team_agree": None, **r,
+                          **behaviour(r["text"], r["domain"], r["correct"], r["answer"]), "model": name,
                           "group": group} for r in got]
             timings[name] = round(time.perf_counter() - start, 2)
             if engine is not None:
@@ -137,6 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         st.finish(metrics, logged={f"{model}/{key.replace('.', '/').replace('@', '_at_')}": v
                                    for model, m in metrics.items() if isinstance(m, dict) for key, v in m.items()}
                   | {"policy_tokens_per_s": metrics["policy_tokens_per_s"]})
+
+
+def _agreement(guide: Guide, tokenizer: Any, task: dict[str, Any], rollout: Any, correct: bool) -> dict[str, int]:
+    """The eval row's team_states and team_agree (coa.train.dapo.guided.count_states)."""
+    facts = count_states(guide, tokenizer, task, rollout, correct)
+    return {"team_states": facts.guided, "team_agree": facts.agree}
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from coa.runtime import agent_limits, judge_from, tools_factory
 from coa.tools.webcache import close_store, stage_store
 from coa.train.dapo import heldout_kl, reference_model, reward_score, train_dapo
 from coa.train.dapo.engine import close_engine, rl_engine
+from coa.train.dapo.guided import guided_from
 from coa.train.dapo.ranks import check_launch, zero_settings
 from coa.train.kit import save_trained
 from coa.train.zero import zero3_loading
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
               "checkpoints": "resume checkpoints folder (removed after a finished run)"}
     # the deepspeed launcher appends --local_rank=N unless given --no_local_rank; LOCAL_RANK is in the env
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
-    st = Stage("rl", argv, inputs=inputs, outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
+    st = Stage("rl", argv, inputs=inputs, sections=("distill",), outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
                                                   "plots": "reward curve (JSON rows per step)",
                                                   "web": "web_cache store (folder)"})
     main_rank = int(os.environ.get("RANK", "0")) == 0
@@ -81,7 +82,10 @@ def main(argv: list[str] | None = None) -> None:
         st.compute = compute_facts(resolve_dtype(cfg.dtype, next(model.parameters()).device))
         engine = rl_engine(cfg, st.args.policy, model, tok)  # hf beside the model, or vLLM per rank
         ref = reference_model(st.args.policy, cfg)  # None unless rl.kl_coef > 0; under ZeRO-3 sharded
-        score = reward_score(RewardSpec.of(cfg, agent.max_total_tokens), judge_from(st.params.common.judge))
+        judge = judge_from(st.params.common.judge)
+        score = reward_score(RewardSpec.of(cfg, agent.max_total_tokens), judge)
+        guided = guided_from(cfg.guide, st.params.distill, st.params.common.tools, st.args.index, tok, seed,
+                             agent.max_total_tokens, store, judge)  # the teacher team on the student's states
 
         def log_step(step: int, metrics: dict[str, float]) -> None:
             st.run.log_metrics({"train": metrics}, step=step)
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent_limits(agent), tools_factory=tools,
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
                             seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step if main_rank else None,
-                            ref_model=ref)
+                            ref_model=ref, guided=guided)
         if not main_rank:
             close_engine(engine)
             return

@@ -50,7 +50,8 @@ def test_show_prints_eval_transcripts(tmp_path):
     row = {"model": "sft", "group": "eval", "domain": "web", "task_id": "web-1", "sample": 0, "correct": True,
            "answer": "Tesk", "parse_ok": True, "finish": "answer", "billed_tokens": 9, "generated_tokens": 5,
            "tool_calls": 1, "turns": 2, "text": TRAJ, "failed_calls": 0, "recovered": None,
-           "reflection_names_failure": None, "repeated_calls": 0, "lucky": None}
+           "reflection_names_failure": None, "repeated_calls": 0, "lucky": None, "fixed": None,
+           "repeated_failure": None, "team_states": 1, "team_agree": 1}
     path = tmp_path / "e.parquet"
     pl.DataFrame([row, {**row, "model": "rl", "text": "<answer>Brill</answer>"}], schema=EVAL_DTYPES).write_parquet(path)
     out = Console(record=True, width=120)

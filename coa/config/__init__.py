@@ -23,6 +23,7 @@ from coa.config.sections import (
     DomainSamplingConfig,
     EngineConfig,
     EvalConfig,
+    GuideConfig,
     IndexConfig,
     JudgeConfig,
     OfflineStyleConfig,
@@ -40,7 +41,7 @@ from coa.config.sections import (
 
 __all__ = ["ADAPTER_KINDS", "WORLD_KINDS", "AgentLimitsConfig", "BaseConfig", "CommonConfig", "ConfigError",
            "CurateConfig", "DeepSpeedConfig", "DifficultyConfig", "DistillConfig", "DistillFiltersConfig",
-           "DomainSamplingConfig", "EngineConfig", "EvalConfig", "IndexConfig", "JudgeConfig", "OfflineStyleConfig",
+           "DomainSamplingConfig", "EngineConfig", "EvalConfig", "GuideConfig", "IndexConfig", "JudgeConfig", "OfflineStyleConfig",
            "Params", "RlConfig", "SftConfig", "SolveFilterConfig", "SourceConfig", "TeacherConfig", "TeamLimitsConfig",
            "TinyModelConfig", "TokenizerConfig", "ToolsConfig", "VllmConfig", "build", "derive_seed", "flatten", "load_params",
            "load_yaml", "to_dict"]

@@ -474,6 +474,38 @@ class SolveFilterConfig:
 
 
 @dataclass(frozen=True)
+class GuideConfig:
+    source: Literal["none", "team", "own"] = _help(
+        "What the rl stage learns from beside DAPO's reward, on every rollout of a step: team = the teacher team's "
+        "next turn(s) from the states the student visited where it did otherwise (on-policy distillation: "
+        "coa.teacher.guide, the distill.teacher team with its deliberate mistakes off), own = the student's own "
+        "correct rollouts (rejection-sampling fine-tuning), none = DAPO alone.")
+    coef: float = _help("Weight of the guided cross-entropy (token mean over its targets) beside DAPO's loss, at the "
+                        "first step.")
+    final_coef: float = _help("Its weight at the last step, reached linearly (the teacher's intervention annealed).")
+    dapo_coef: float = _help("Weight of DAPO's policy-gradient loss (0 = the guided loss alone).")
+    max_states: int = _help("Most corrected states per rollout, the earliest first.")
+    takeover: bool = _help("The team goes on from a corrected state to its answer (its later turns trained too, "
+                           "observations masked); false = only its next turn.")
+
+    def __post_init__(self) -> None:
+        _require(self.coef >= 0 and self.final_coef >= 0, "coef", "must be >= 0 (coef and final_coef)")
+        _require(self.dapo_coef >= 0, "dapo_coef", "must be >= 0 (0 = the guided loss alone)")
+        _require(self.max_states >= 1, "max_states", "must be >= 1")
+        _require(self.source == "none" or self.coef > 0 or self.final_coef > 0, "coef",
+                 f"is 0 with source {self.source!r}: set a weight, or source: none")
+        _require(self.source != "none" or self.dapo_coef > 0, "dapo_coef", "is 0 with source none: nothing to learn")
+
+    def weight(self, step: int, steps: int) -> float:
+        """The guided loss's weight at ``step`` (0-based) of ``steps``: coef, linearly to final_coef; 0 without a
+        source."""
+        if self.source == "none":
+            return 0.0
+        frac = step / (steps - 1) if steps > 1 else 0.0
+        return self.coef + (self.final_coef - self.coef) * frac
+
+
+@dataclass(frozen=True)
 class RlConfig:
     steps: int = _help("Optimizer steps (each: rollouts, then one update per mini-batch).")
     prompts_per_step: int = _help("Groups (prompts) per step after dynamic sampling (the paper: 64 web, 256 code/math).")
@@ -509,6 +541,8 @@ class RlConfig:
         "Positions per chunk when the update turns final hidden states into log-probs and entropy: the lm head "
         "runs on this many at a time, in float32 per chunk, and backward recomputes them (no [tokens x vocab] "
         "tensor is kept).")
+    guide: GuideConfig = _help("Teacher-guided on-policy learning beside DAPO on the same rollouts (or rejection "
+                               "sampling): coa.train.dapo.guided.")
     engine: EngineConfig = _help("Rollout engine: hf shares the trained weights; vllm gets them after each step.")
     deepspeed: DeepSpeedConfig = _help("ZeRO sharding of the update over the ranks of a launcher (deepspeed, torchrun), "
                                        "each rank rolling out its share of the groups; runs on CPU with gloo.")

@@ -1,9 +1,9 @@
 """How a policy uses its tools, read off a rollout's text: failed calls, recovery, repeats, lucky answers.
 
     flags = behaviour(text, domain="math", correct=True, answer="42")
-    flags == {"failed_calls": 1, "recovered": True, "repeated_calls": 0, "reflection_names_failure": True,
-              "lucky": False}
-    rates(rows)  # {"recovery_rate", "reflection_names_failure_rate", "repeat_rate", "lucky_share", ...}
+    flags == {"failed_calls": 1, "recovered": True, "fixed": True, "repeated_failure": False, "repeated_calls": 0,
+              "reflection_names_failure": True, "lucky": False}
+    rates(rows)  # {"recovery_rate", "fix_rate", "repeat_after_failure_rate", "repeat_rate", "lucky_share", ...}
 
 Accuracy says whether a policy answers right; these say how it got there, the failure modes the student
 showed when its rollouts were read one by one: it never noticed a failed tool call, looped on one URL, and
@@ -15,6 +15,10 @@ some correct math answers came from a crashed program. Definitions (the eval's m
   recovered        after the rollout's first failed call, the policy calls a tool again (fixes and reruns the
                    program, searches with other words) instead of answering or stopping; null without a
                    failed call;
+  fixed            that next call differs from the failed one and did not fail itself: a recovery that fixes
+                   the problem; null without a failed call;
+  repeated_failure that next call is the failed one again (whitespace aside): the failure repeated; null
+                   without a failed call;
   reflection_names_failure   the first ``<reflection>`` after the first failed call says something failed
                    (error, crash, empty, wrong, fix, retry...); null without a failed call or a reflection;
   repeated call    a call identical (tool and arguments, whitespace aside) to an earlier one of the rollout;
@@ -64,10 +68,15 @@ def behaviour(text: str, domain: str, correct: bool, answer: str | None) -> dict
         repeated += key in seen
         seen.add(key)
     failures = [i for i, (tool, _, obs, *_) in enumerate(calls) if obs is not None and failed(tool, obs)]
-    recovered = names = None
+    recovered = names = fixed = again = None
     if failures:
         first = failures[0]
         recovered = first + 1 < len(calls)
+        fixed = again = False
+        if recovered:
+            (tool, args, _, *_), (tool2, args2, obs2, *_) = calls[first], calls[first + 1]
+            again = (tool, " ".join(args.split())) == (tool2, " ".join(args2.split()))
+            fixed = not again and obs2 is not None and not failed(tool2, obs2)
         between = text[calls[first][4]:calls[first + 1][3] if recovered else len(text)]
         reflection = re.search(r"<reflection>(.*?)</reflection>", between, re.S)
         if reflection is not None:
@@ -77,8 +86,8 @@ def behaviour(text: str, domain: str, correct: bool, answer: str | None) -> dict
         programs = [obs for tool, _, obs, *_ in calls if tool == CODE.tag and obs is not None]
         printed = answer is not None and any(_printed(answer, obs) for obs in programs)
         lucky = not programs or failed(CODE.tag, programs[-1]) or not printed
-    return {"failed_calls": len(failures), "recovered": recovered, "reflection_names_failure": names,
-            "repeated_calls": repeated, "lucky": lucky}
+    return {"failed_calls": len(failures), "recovered": recovered, "fixed": fixed, "repeated_failure": again,
+            "reflection_names_failure": names, "repeated_calls": repeated, "lucky": lucky}
 
 
 def _printed(answer: str, observation: str) -> bool:
@@ -92,16 +101,27 @@ def _printed(answer: str, observation: str) -> bool:
 
 
 def rates(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Means over rows carrying :func:`behaviour`'s flags: recovery_rate (of rollouts with a failed call),
-    reflection_names_failure_rate (of those with a reflection after it), failed_call_share (rollouts with a
-    failed call), repeat_rate (rollouts that repeat a call), lucky_share (of correct math answers); NaN where
-    no row qualifies."""
+    """Means over rows carrying :func:`behaviour`'s flags: recovery_rate, fix_rate and repeat_after_failure_rate
+    (of rollouts with a failed call), reflection_names_failure_rate (of those with a reflection after it),
+    failed_call_share (rollouts with a failed call), repeat_rate (rollouts that repeat a call), lucky_share (of
+    correct math answers), team_agreement (:func:`_agreement`); NaN where no row qualifies."""
     def mean(values: list[Any]) -> float:
         values = [v for v in values if v is not None]
         return round(sum(map(bool, values)) / len(values), 4) if values else float("nan")
 
     return {"recovery_rate": mean([r["recovered"] for r in rows]),
+            "fix_rate": mean([r["fixed"] for r in rows]),
+            "repeat_after_failure_rate": mean([r["repeated_failure"] for r in rows]),
             "reflection_names_failure_rate": mean([r["reflection_names_failure"] for r in rows]),
             "failed_call_share": mean([r["failed_calls"] > 0 for r in rows]),
             "repeat_rate": mean([r["repeated_calls"] > 0 for r in rows]),
-            "lucky_share": mean([r["lucky"] for r in rows])}
+            "lucky_share": mean([r["lucky"] for r in rows]),
+            "team_agreement": _agreement(rows)}
+
+
+def _agreement(rows: Sequence[dict[str, Any]]) -> float:
+    """Of the states the rows' rollouts visited where the teacher team had a turn (``team_states``), the share where
+    the policy's next turn did what the team's would (``team_agree``; coa.train.dapo.guided.count_states); NaN
+    without such states (the teacher's own rows carry none)."""
+    states = sum(r.get("team_states") or 0 for r in rows)
+    return round(sum(r.get("team_agree") or 0 for r in rows) / states, 4) if states else float("nan")

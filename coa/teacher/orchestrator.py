@@ -77,13 +77,10 @@ class _Run:
                 continue
             observation = self.session(*tool)
             self.send("tools", name, "observation", observation)
-            if self.t.domain != "web":  # math and code: the critic reflects on every run
-                self.send("orchestrator", "critic", "context", f"Program:\n{tool[1]}\n\nOutput:\n{observation}")
-            elif failed(tool[0], observation):  # web: on a call that failed (no results, no page, an error)
-                self.send("orchestrator", "critic", "context",
-                          f"Tool call:\n{render([Step(*tool)])}\n\nObservation:\n{observation}")
-            else:
+            request = critic_request(self.t.domain, *tool, observation)
+            if request is None:
                 continue
+            self.send("orchestrator", "critic", "context", request)
             reflection = self.first(self.call("critic"), "reflection")
             self.send("critic", name, "context", f"Critic:\n{reflection}")
         return None
@@ -132,6 +129,16 @@ class _Run:
             self.send("orchestrator", "critic", "context", f"The verifier gave score {score}:\n{check}\n\nReview the trajectory.")
             reflection = self.first(self.call("critic"), "reflection")
             plan = self.plan(f"Re-plan. The verifier's check:\n{check}\nThe critic's reflection:\n{reflection}")
+
+
+def critic_request(domain: str, tag: str, body: str, observation: str) -> str | None:
+    """What the orchestrator hands the critic after a tool call, or None when the critic is not asked: in math and
+    code every run (the program and its output), in web a call that failed (no results, no page, an error)."""
+    if domain != "web":
+        return f"Program:\n{body}\n\nOutput:\n{observation}"
+    if failed(tag, observation):
+        return f"Tool call:\n{render([Step(tag, body)])}\n\nObservation:\n{observation}"
+    return None
 
 
 def run_team(question: str, domain: str, team: Team, session: ToolSession, limits: TeamLimits) -> Transcript:

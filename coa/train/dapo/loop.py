@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -18,16 +19,20 @@ import torch
 from coa.device import release_gpu_cache, resolve_dtype
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
 from coa.rollout.weights import send_weights, transfer_for
+from coa.teacher.states import StateFacts
 from coa.train import kit
 from coa.train.dapo.engine import engine_group
 from coa.train.dapo.loss import group_advantages, keep_groups
 from coa.train.dapo.ranks import Ranks, ZeroStep, check_checkpoint, check_launch, zero_settings, zero_trainer
 from coa.train.dapo.update import _update
+from coa.train.data import Example
 from coa.train.zero import deepspeed_inference, gathered_model, module_weights, zero3_loading
 
 log = logging.getLogger(__name__)
 
 Score = Callable[[dict[str, Any], Rollout], tuple[float, bool]]  # (task, rollout) -> (reward, correct)
+# (task, rollout, correct) -> (training examples, what the guide saw): coa.train.dapo.guided
+Guided = Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]]
 
 
 def reward_score(spec: Any, judge: Any = None) -> Score:
@@ -74,6 +79,17 @@ class DapoResult:
             vals = [x[key] for x in h if key in x]
             if vals:
                 metrics[f"{key}_last"] = round(vals[-1], 4)
+        guided = [x for x in h if "guide_states" in x]
+        if guided:  # what the teacher team said on the student's states, over every step
+            total = {k: sum(x[k] for x in guided) for k in ("guide_states", "guide_guided", "guide_agree",
+                                                           "guide_malformed", "guide_route_wrong", "guide_examples",
+                                                           "guide_target_tokens", "guide_after_failed",
+                                                           "guide_after_failed_agree", "guide_after_repeat",
+                                                           "guide_after_repeat_agree")}
+            metrics.update({k: int(v) for k, v in total.items()})
+            metrics["guide_agreement_first"] = kit.json_number(guided[0]["guide_agreement"])
+            metrics["guide_agreement_last"] = kit.json_number(guided[-1]["guide_agreement"])
+            metrics["guide_tokens_trained"] = int(sum(x.get("guide_tokens_trained", 0) for x in h))
         return metrics
 
     def plot_rows(self) -> list[dict[str, Any]]:
@@ -81,7 +97,8 @@ class DapoResult:
         return [{"step": int(x["step"]), **{k: kit.json_number(x.get(k)) for k in PLOT_KEYS}} for x in self.history]
 
 
-PLOT_KEYS = ("reward", "accuracy", "groups_kept", "entropy", "clip_fraction", "response_tokens", "tool_calls")
+PLOT_KEYS = ("reward", "accuracy", "groups_kept", "entropy", "clip_fraction", "response_tokens", "tool_calls",
+             "guide_agreement", "guide_loss")
 
 
 def _fifths(history: list[dict], key: str) -> tuple[float, float]:
@@ -107,8 +124,14 @@ def task_stream(n_tasks: int, seed: int, start: int, count: int) -> list[int]:
 def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str, Any]], cfg: Any, *,
                engine: Engine, limits: Limits, tools_factory: ToolsFactory, score: Score,
                render: Callable[[dict[str, Any]], str], seed: int, ckpt_dir: str | Path | None = None, log_fn: LogFn | None = None,
-               ref_model: torch.nn.Module | None = None, progress: bool = True) -> DapoResult:
+               ref_model: torch.nn.Module | None = None, progress: bool = True, guided: Guided | None = None,
+               ) -> DapoResult:
     """DAPO on ``tasks`` (rows with task_id, domain, ...) for ``cfg.steps`` steps; see the module docstring.
+
+    guided(task, rollout, correct) -> (examples, facts), called on every rollout a step generates (kept groups or
+    not): cross-entropy on those examples joins the update at ``cfg.guide.weight(step, steps)`` beside DAPO's loss
+    at ``cfg.guide.dapo_coef`` (coa.train.dapo.guided: the teacher team's turns from the student's states, or its
+    own correct rollouts). None: DAPO alone.
 
     engine: rolls out the *current* weights (an HFEngine sharing ``model``; other engines are synced by
     ``engine.sync(model)`` after every step when they have it). score(task, rollout) -> (reward, correct);
@@ -196,15 +219,21 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
                mininterval=2)
     for step in range(state.step, cfg.steps):
         t0 = time.perf_counter()
-        metrics, batch, groups = _generate(engine, tasks, prompts, cfg, limits, tools_factory, score, seed, step,
-                                           state, ranks)
+        metrics, batch, groups, generated = _generate(engine, tasks, prompts, cfg, limits, tools_factory, score, seed,
+                                                      step, state, ranks)
+        weight = cfg.guide.weight(step, cfg.steps) if guided is not None else 0.0
+        examples, facts = _guide(guided, generated, ranks) if weight > 0 else ([], None)
+        if facts is not None:
+            metrics.update(facts.metrics())
+        if cfg.guide.dapo_coef == 0:
+            batch = []  # the guided loss alone
         t1 = time.perf_counter()
         if hasattr(engine, "sleep"):  # vLLM's sleep mode: the update gets the engine's GPU memory
             engine.sleep()
-        if batch:  # else every group was all-equal: nothing to learn from this step
+        if batch or ranks.max([len(examples)])[0]:  # else every group was all-equal and nothing guided: no update
             with kit.attention_impl(model, "varlen"):  # only here: the engine's forwards use the model's own
                 metrics.update(_update(run, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype,
-                                       seed, step, ranks=ranks))
+                                       seed, step, ranks=ranks, guided=examples, guide_coef=weight))
             scheduler.step()
         sync()
         metrics.update({"rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
@@ -304,12 +333,28 @@ def _engine_ranks(cfg: Any) -> int:
     return engine.vllm.tensor_parallel_size if engine is not None and engine.kind == "vllm" else 1
 
 
+def _guide(guided: Guided, generated: list[tuple[dict[str, Any], Rollout, bool]], ranks: Ranks,
+           ) -> tuple[list[Example], StateFacts]:
+    """The guided examples of this rank's rollouts, and the facts of every rank's (summed)."""
+    examples, facts = [], StateFacts()
+    for task, rollout, correct in generated:
+        more, seen = guided(task, rollout, correct)
+        examples += more
+        facts.add(seen)
+    names = [f.name for f in dataclasses.fields(facts)]
+    for name, value in zip(names, ranks.sum([getattr(facts, n) for n in names]), strict=True):
+        setattr(facts, name, int(value))
+    return examples, facts
+
+
 def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: Sequence[str], cfg: Any, limits: Limits,
               tools_factory: ToolsFactory, score: Score, seed: int, step: int, state: _State, ranks: Ranks,
-              ) -> tuple[dict[str, float], list[tuple[Rollout | None, float]], list[str]]:
+              ) -> tuple[dict[str, float], list[tuple[Rollout | None, float]], list[str],
+                         list[tuple[dict[str, Any], Rollout, bool]]]:
     """Dynamic sampling: roll out groups until ``cfg.prompts_per_step`` of them have unequal rewards (or
     ``cfg.max_gen_batches`` rounds). Returns the step's rollout metrics (over every rollout generated,
-    before filtering), the kept (rollout, advantage) pairs and the kept groups ("round:task_id#position").
+    before filtering), the kept (rollout, advantage) pairs, the kept groups ("round:task_id#position") and this
+    rank's every rollout with its task and correctness (what the guided loss reads).
     Each rank rolls out its share of a round's groups; the kept pairs are every rank's, in group order, the
     rollout None where another rank holds it (coa.train.dapo.ranks)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -319,6 +364,7 @@ def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: S
     groups: list[str] = []
     n_groups = n_kept = rounds = 0
     seen: list[tuple] = []  # per rollout of every rank: reward, correct, policy tokens, tool calls, turns, truncated
+    generated: list[tuple[dict[str, Any], Rollout, bool]] = []
     while n_kept < want and rounds < cfg.max_gen_batches:
         idx = task_stream(len(tasks), seed, state.cursor, want)
         state.cursor += want
@@ -331,6 +377,7 @@ def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: S
         owners = [tasks[i] for i in idx[lo:hi] for _ in range(k)]
         with ThreadPoolExecutor(4) as pool:  # code tests run in the sandbox, math-verify is slow
             scored = list(pool.map(score, owners, rollouts))
+        generated += [(t, r, s[1]) for t, r, s in zip(owners, rollouts, scored, strict=True)]
         facts = ranks.gather([(s[0], s[1], r.n_policy_tokens, r.n_tool_calls, r.n_turns, r.truncated)
                               for s, r in zip(scored, rollouts, strict=True)])
         rewards = torch.tensor([f[0] for f in facts], dtype=torch.float32).view(len(idx), k)
@@ -353,4 +400,4 @@ def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: S
         "tool_calls": sum(f[3] for f in seen) / n, "turns": sum(f[4] for f in seen) / n,
         "truncated": sum(f[5] for f in seen) / n,
     }
-    return metrics, kept, groups
+    return metrics, kept, groups, generated

@@ -43,6 +43,8 @@ def _micro_batches(examples: Sequence[Example | None], order: Sequence[int], n_m
                    row_tokens: int) -> list[list[list[int]]]:
     """Split ``order`` into ``n_mini`` mini-batches; each is a list of packed rows of example indices. The
     split is of every kept rollout; a rank packs only its own (the others' examples are None)."""
+    if not order:
+        return []
     size = math.ceil(len(order) / n_mini)
     out = []
     for at in range(0, len(order), size):
@@ -116,7 +118,8 @@ class _Plain:
 
 def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout | None, float]], cfg: Any,
             pad_id: int, dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
-            reuse_forward: bool | None = None, ranks: Ranks | None = None) -> dict[str, float]:
+            reuse_forward: bool | None = None, ranks: Ranks | None = None, guided: Sequence[Example] = (),
+            guide_coef: float = 0.0) -> dict[str, float]:
     """Old log-probs (and the reference's) in one no-grad pass, then one optimizer step per mini-batch.
 
     With one mini-batch and no KL term the update is the first one on these rollouts, so the old log-probs
@@ -128,18 +131,29 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
     another rank's group is None. ``optimizer``: a torch optimizer (one process) or coa.train.dapo.ranks.ZeroStep
     (``model`` is then the DeepSpeed engine); see coa.train.dapo.ranks for how the ranks share the update.
     ``ref_model`` (used when ``cfg.kl_coef`` > 0): a model or a DeepSpeed inference engine
-    (coa.train.dapo.reference_model)."""
+    (coa.train.dapo.reference_model).
+
+    ``guided``: this rank's examples of the guided loss (coa.train.dapo.guided), packed into rows of their own in
+    the last mini-batch: their cross-entropy (temperature 1, token mean over every rank's guided targets) joins
+    that step at ``guide_coef``, DAPO's loss at ``cfg.guide.dapo_coef``."""
     with kit.gradient_checkpointing(model, cfg.gradient_checkpointing):
         return _update_body(model, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype, seed, step,
-                            reuse_forward, ranks or Ranks.single())
+                            reuse_forward, ranks or Ranks.single(), list(guided), guide_coef)
 
 
 def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout | None, float]], cfg: Any,
                  pad_id: int, dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
-                 reuse_forward: bool | None, ranks: Ranks) -> dict[str, float]:
+                 reuse_forward: bool | None, ranks: Ranks, guided: list[Example], guide_coef: float,
+                 ) -> dict[str, float]:
     trainer = optimizer if hasattr(optimizer, "backward") else _Plain(model, optimizer, cfg.grad_clip)
     use_ref = ref_model is not None and cfg.kl_coef > 0
-    examples = [_example(r) if r is not None else None for r, _ in batch]
+    n_pg = len(batch)  # examples from n_pg on are the guided loss's
+    dapo_coef = cfg.guide.dapo_coef
+    examples: list[Example | None] = [_example(r) if r is not None else None for r, _ in batch] + guided
+
+    def is_guided(row: list[int] | None) -> bool:
+        return row is not None and row[0] >= n_pg
+
     start = _kept_layer(model, batch, cfg) if ranks.world == 1 and ref_model is None else None
     states = [r.hidden if r is not None else None for r, _ in batch] if start is not None else None
 
@@ -149,8 +163,14 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
         return _forward_top(model, examples, states, row, pad_id, dev, start)
 
     adv = torch.tensor([a for _, a in batch], dtype=torch.float32, device=dev)
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + step)).tolist()
+    order = torch.randperm(n_pg, generator=torch.Generator().manual_seed(seed + step)).tolist()
     minis: list[list[list[int] | None]] = list(_micro_batches(examples, order, cfg.mini_batches, cfg.row_tokens))
+    guided_rows = [[n_pg + i for i in row] for row in pack(guided, cfg.row_tokens)]
+    if ranks.max([len(guided_rows)])[0]:  # every rank agrees on the mini-batches (ZeRO's collectives)
+        if minis:
+            minis[-1] = minis[-1] + guided_rows
+        else:
+            minis = [guided_rows]
     # as many rows (forwards, backwards: ZeRO's collectives) on every rank; None: a zero-weighted filler
     minis = [mini + [None] * (rows - len(mini)) for mini, rows in zip(minis, ranks.max([len(m) for m in minis]),
                                                                       strict=True)]
@@ -172,6 +192,8 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     n_tok = 0
     engine_lp = {i: [lp for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m] for i, (r, _) in enumerate(batch)
                  if r is not None}
+    guide_sum = 0.0
+    guide_tok = 0
     on_policy = len(minis) == 1 and not use_ref
     if reuse_forward is not None:  # tests compare both paths
         on_policy = on_policy and reuse_forward
@@ -191,6 +213,12 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
         with torch.no_grad(), kit.autocast(dev, autocast_dtype), ref_attention:
             for b, mini in enumerate(minis):
                 for m, row in enumerate(mini):
+                    if is_guided(row):  # its loss needs no old log-probs; another rank's row here gathers
+                        if ranks.world > 1:
+                            filler_logprobs(model, b, m)
+                            if use_ref:
+                                filler_logprobs(ref_model, b, m)
+                        continue
                     if row is None:
                         filler_logprobs(model, b, m)
                         if use_ref:  # a sharded reference gathers too
@@ -207,8 +235,19 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     loss_sum = clip_sum = kl_sum = 0.0
     grad_norms = []
     for b, mini in enumerate(minis):
-        n_mini = int(ranks.sum([sum(kit.n_targets(examples, row) for row in mini if row)])[0])
+        n_mini, n_guided = (int(x) for x in ranks.sum(
+            [sum(kit.n_targets(examples, row) for row in mini if row and not is_guided(row)),
+             sum(kit.n_targets(examples, row) for row in mini if is_guided(row))]))
         for m, row in enumerate(mini):
+            if is_guided(row):  # cross-entropy on the guided targets, at temperature 1 (as SFT)
+                with kit.autocast(dev, autocast_dtype):
+                    hidden, tgt, _ = _forward(model, examples, row, pad_id, dev)
+                    lp = _logprobs(model, hidden, tgt, 1.0, chunk, need[b, m])[0]
+                trainer.backward(-lp.sum() * (guide_coef / max(n_guided, 1)))
+                guide_sum -= float(lp.detach().sum())
+                guide_tok += lp.numel()
+                del hidden
+                continue
             if row is None:
                 with kit.autocast(dev, autocast_dtype):
                     lp = filler_logprobs(model, b, m)
@@ -223,7 +262,7 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
             a, mask = adv[seg][None], torch.ones_like(lp)
             o = lp.detach() if on_policy else old[b, m][None]
             share = lp.numel() / max(n_mini, 1)
-            loss = policy_loss(lp, o, a, mask, cfg.clip_low, cfg.clip_high) * share
+            loss = policy_loss(lp, o, a, mask, cfg.clip_low, cfg.clip_high) * share * dapo_coef
             if use_ref:
                 kl = masked_mean(kl_k3(lp, ref[b, m][None]), mask)
                 loss = loss + cfg.kl_coef * kl * share
@@ -234,14 +273,17 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
             clip_sum += clip_fraction(lp.detach(), o, a, mask, cfg.clip_low, cfg.clip_high) * lp.numel()
         grad_norms.append(trainer.step())
         kit.release_freed_memory()
-    loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok = ranks.sum([loss_sum, clip_sum, kl_sum, ent_sum, gap_sum,
-                                                                     n_tok])
+    loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok, guide_sum, guide_tok = ranks.sum(
+        [loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok, guide_sum, guide_tok])
     n = max(n_tok, 1)
     out = {"loss": loss_sum / n, "entropy": ent_sum / n, "clip_fraction": clip_sum / n,
            "grad_norm": sum(grad_norms) / len(grad_norms), "policy_tokens_trained": int(n_tok),
            "rollout_logprob_gap": gap_sum / n}
     if use_ref:
         out["kl"] = kl_sum / n
+    if guide_tok:
+        out.update({"guide_loss": guide_sum / guide_tok, "guide_tokens_trained": int(guide_tok),
+                    "guide_weight": guide_coef})
     return out
 
 

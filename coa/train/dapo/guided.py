@@ -1,0 +1,103 @@
+"""Teacher-guided on-policy learning beside DAPO: the team's turns from the states the student's own rollouts visit.
+
+    guided = guided_from(cfg.guide, params.distill, params.common.tools, "data/index", tokenizer, seed, max_tokens)
+    examples, facts = guided(task, rollout, correct)                  # [Example], coa.teacher.states.StateFacts
+    ...train_dapo(..., guided=guided)                                 # CE on them beside the policy gradient
+
+The states where the student did otherwise than the team (coa.teacher.states.judged_states), the first
+``guide.max_states`` of each rollout, become training examples: the student's own tokens up to the state as
+context (never targets, never re-tokenised), then the team's turn as the target; with ``guide.takeover`` the team
+goes on from there to its answer, its tools' observations masked as in SFT and rollouts (coa.rollout.loop's
+join). A state that does not parse, or a task whose team route is wrong, gets no example: StateFacts counts them.
+
+The same examples with the student's own correct rollouts instead (``guide.source: own``) are rejection-sampling
+fine-tuning, the study's baseline for what a teacher adds (docs/sizing.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, encode
+from coa.rollout.types import Rollout
+from coa.teacher.guide import Guide, Turn, clean_style
+from coa.teacher.run import make_teacher
+from coa.teacher.states import State, StateFacts, count_states
+from coa.train.data import Example
+
+
+def teacher_guided(guide: Guide, tokenizer: Any, cfg: Any, max_tokens: int
+                   ) -> Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]]:
+    """``(task, rollout, correct) -> (examples, facts)``: the team's turns where the student did otherwise
+    (``cfg``: coa.config.GuideConfig; ``max_tokens``: an example's length, the agent's context)."""
+    eos = tokenizer.eos_token_id
+
+    def run(task: dict[str, Any], rollout: Rollout, correct: bool) -> tuple[list[Example], StateFacts]:
+        examples: list[Example] = []
+        dropped = 0
+        route = guide.route(task)
+
+        def correct_state(state: State, prefix: str, turn: Turn, agree: bool) -> None:
+            nonlocal dropped
+            if agree or len(examples) >= cfg.max_states:
+                return
+            legs = guide.continuation(route, turn) if cfg.takeover else [(turn.text, None)]
+            example = _example(tokenizer, rollout.prompt_ids + rollout.response_ids[:state.cut], legs, eos, max_tokens)
+            if example is None:
+                dropped += 1
+            else:
+                examples.append(example)
+
+        facts = count_states(guide, tokenizer, task, rollout, correct, correct_state)
+        facts.examples, facts.cut = len(examples), dropped
+        facts.target_tokens = sum(sum(e.loss_mask) for e in examples)
+        return examples, facts
+
+    return run
+
+
+def own_correct(max_tokens: int) -> Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]]:
+    """Rejection-sampling fine-tuning: every correct rollout of the student, its own tokens the targets."""
+
+    def run(task: dict[str, Any], rollout: Rollout, correct: bool) -> tuple[list[Example], StateFacts]:
+        if not correct:
+            return [], StateFacts()
+        ids = (rollout.prompt_ids + rollout.response_ids)[:max_tokens]
+        mask = ([0] * len(rollout.prompt_ids) + rollout.loss_mask)[:max_tokens]
+        return [Example(ids, mask, 1.0)], StateFacts(examples=1, target_tokens=sum(mask))
+
+    return run
+
+
+def _example(tokenizer: Any, context: list[int], legs: list[tuple[str, str | None]], eos: int | None,
+             max_tokens: int) -> Example | None:
+    """Context (mask 0), then each leg's text (mask 1) and its observation as the runtime joins it (mask 0); the
+    eos after an answer (SFT's). Cut to ``max_tokens``; None when no target token is left."""
+    ids, mask = list(context), [0] * len(context)
+    for i, (text, observation) in enumerate(legs):
+        part = encode(tokenizer, text)
+        ids += part
+        mask += [1] * len(part)
+        if observation is not None and i + 1 < len(legs):
+            joined = encode(tokenizer, OBS_OPEN + observation + OBS_CLOSE)
+            ids += joined
+            mask += [0] * len(joined)
+    if legs and legs[-1][1] is None and eos is not None and text.rstrip().endswith("</answer>"):
+        ids.append(eos)
+        mask.append(1)
+    ids, mask = ids[:max_tokens], mask[:max_tokens]
+    return Example(ids, mask, 1.0) if any(mask) else None
+
+
+def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, tokenizer: Any, seed: int,
+                max_tokens: int, store: Any = None, judge: Any = None
+                ) -> Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]] | None:
+    """train_dapo's ``guided`` from params: ``cfg`` rl.guide, ``distill`` the distill section (its teacher team,
+    the deliberate mistakes off: coa.teacher.guide.clean_style), ``tools`` common.tools; None for source none."""
+    if cfg.source == "none":
+        return None
+    if cfg.source == "own":
+        return own_correct(max_tokens)
+    teacher = make_teacher(clean_style(distill), tools, index_dir, store)
+    return teacher_guided(Guide(teacher, seed, judge), tokenizer, cfg, max_tokens)

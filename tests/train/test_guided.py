@@ -1,0 +1,137 @@
+"""Teacher-guided learning beside DAPO (coa.train.dapo.guided): states, examples, and the update learning from them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from coa.prompts import render_prompt
+from coa.rollout.hf import HFEngine
+from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, decode, encode
+from coa.rollout.types import Rollout
+from coa.tasks.math import generate_math
+from coa.teacher.states import StateFacts, visited_states
+from coa.train.dapo import train_dapo
+from coa.train.dapo.guided import own_correct, teacher_guided
+from coa.train.data import Example
+from tests.rollout.conftest import Recorder
+from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2
+from tests.teacher.test_guide import CODE_TOOLS, guide_for
+from tests.train.test_dapo import LIMITS, TASKS, _cfg, _score
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+def rollout_of(tok, prompt: str, parts: list[tuple[str, int]]) -> Rollout:
+    """A rollout from (text, mask) parts: the policy's text (1) and the runtime's observations (0)."""
+    r = Rollout("k", encode(tok, prompt))
+    for text, mask in parts:
+        ids = encode(tok, text)
+        r.response_ids += ids
+        r.loss_mask += [mask] * len(ids)
+        r.logprobs += [0.0] * len(ids)
+    r.text = decode(tok, r.response_ids)
+    return r
+
+
+def test_states_are_the_start_and_the_end_of_every_observation(tok):
+    r = rollout_of(tok, "Q", [("<think>a</think>", 1), (OBS_OPEN + "o" + OBS_CLOSE, 0), ("<answer>x</answer>", 1)])
+    states = visited_states(r)
+    first_obs = r.loss_mask.index(0)
+    assert [s.cut for s in states] == [0, r.loss_mask.index(1, first_obs)]
+    assert states[0].next_end == first_obs and states[0].obs_end == states[1].cut
+    assert states[1].next_end == len(r.loss_mask) and states[1].obs_end is None
+    cut_at_obs = rollout_of(tok, "Q", [("<think>a</think>", 1), (OBS_OPEN + "o" + OBS_CLOSE, 0)])
+    assert [s.cut for s in visited_states(cut_at_obs)] == [0]  # an observation that ended it: no next turn
+
+
+@pytest.fixture(scope="module")
+def failing(tok):
+    """A math task and a student rollout that runs a failing program, runs it again, then answers wrong."""
+    task = generate_math(seed=5, n_tasks=4, splits={"sft": 1.0})[0]
+    bad = "```python\nprint(undefined_total)\n```"
+    obs = CODE_TOOLS["code"](bad)
+    parts = [(f"<plan>Compute it.</plan>\n<think>Let me compute.</think>\n<code>{bad}</code>", 1),
+             (OBS_OPEN + obs + OBS_CLOSE, 0),
+             (f"<reflection>information conflict: good\ntool effectiveness: good\ntrajectory monitoring: good"
+              f"</reflection>\n<think>again</think>\n<code>{bad}</code>", 1),
+             (OBS_OPEN + obs + OBS_CLOSE, 0),
+             ("<reflection>information conflict: good\ntool effectiveness: good\ntrajectory monitoring: good"
+              "</reflection>\n<think>so</think>\n<answer>\\boxed{1}</answer>", 1)]
+    return task, rollout_of(tok, render_prompt(tok, task["question"], "math"), parts)
+
+
+def test_the_team_corrects_the_first_states_where_the_student_did_otherwise(tok, failing):
+    task, rollout = failing
+    guide = guide_for(CODE_TOOLS)
+    cfg = replace(_cfg().guide, source="team", max_states=2, takeover=False)
+    examples, facts = teacher_guided(guide, tok, cfg, 4096)(task, rollout, False)
+    assert (facts.states, facts.guided, facts.agree, facts.after_failed, facts.examples) == (3, 3, 0, 2, 2)
+    route = guide.route(task)
+    cuts = [s.cut for s in visited_states(rollout)]
+    for example, cut in zip(examples, cuts, strict=False):
+        context = rollout.prompt_ids + rollout.response_ids[:cut]
+        assert example.input_ids[:len(context)] == context  # the student's own tokens, never re-tokenised
+        assert example.loss_mask[:len(context)] == [0] * len(context)
+        target = decode(tok, example.input_ids[len(context):])
+        assert target == guide.next_turn(route, decode(tok, rollout.response_ids[:cut])).text
+        assert all(example.loss_mask[len(context):])
+    assert "<plan>" in decode(tok, examples[0].input_ids[len(rollout.prompt_ids):])  # from the start: a whole leg
+    assert "is not defined" in decode(tok, examples[1].input_ids)
+
+
+def test_takeover_goes_on_to_the_answer_with_the_tools_output_masked(tok, failing):
+    task, rollout = failing
+    guide = guide_for(CODE_TOOLS)
+    cfg = replace(_cfg().guide, source="team", max_states=1, takeover=True)
+    (example,), facts = teacher_guided(guide, tok, cfg, 4096)(task, rollout, False)
+    assert facts.examples == 1 and facts.target_tokens == sum(example.loss_mask)
+    ids, mask = example.input_ids, example.loss_mask
+    assert ids[-1] == tok.eos_token_id and mask[-1] == 1
+    text = decode(tok, ids[len(rollout.prompt_ids):])
+    assert text.count("<observation>") == 1 and text.rstrip().endswith("</answer>" + tok.eos_token)
+    masked = decode(tok, [i for i, m in zip(ids[len(rollout.prompt_ids):], mask[len(rollout.prompt_ids):],
+                                            strict=True) if m == 0])
+    assert masked == OBS_OPEN + guide.route(task).legs[0].observation + OBS_CLOSE
+    short = teacher_guided(guide, tok, cfg, len(rollout.prompt_ids))(task, rollout, False)
+    assert short[0] == [] and short[1].cut == 3  # no target token fits at any state: each dropped and counted
+
+
+def test_rejection_sampling_keeps_only_correct_rollouts_as_they_are(tok, failing):
+    _, rollout = failing
+    run = own_correct(4096)
+    assert run({}, rollout, False) == ([], StateFacts())
+    (example,), facts = run({}, rollout, True)
+    assert example.input_ids == rollout.prompt_ids + rollout.response_ids
+    assert example.loss_mask == [0] * len(rollout.prompt_ids) + rollout.loss_mask and facts.examples == 1
+
+
+def test_the_guided_loss_alone_teaches_the_teams_turn(tok):
+    """The scripted student searches first; the 'team' answers at once. With DAPO's loss off (dapo_coef 0) the
+    guided cross-entropy alone moves the student to answering at once, which _score rewards."""
+    answer = encode(tok, "<think> Kellon</think><answer> Tesk</answer>") + [tok.eos_token_id]
+
+    def guided(task, rollout, correct):
+        if correct:
+            return [], StateFacts(states=1, guided=1, agree=1)
+        ids = list(rollout.prompt_ids)
+        return [Example(ids + answer, [0] * len(ids) + [1] * len(answer), 1.0)], \
+            StateFacts(states=1, guided=1, examples=1, target_tokens=len(answer))
+
+    cfg = _cfg(steps=6, prompts_per_step=4, rollouts_per_prompt=2, mini_batches=1, lr=3e-3)
+    cfg = replace(cfg, guide=replace(cfg.guide, source="team", coef=1.0, final_coef=0.5, dapo_coef=0.0))
+    torch.manual_seed(0)
+    model = scripted_qwen2(tok, WEB_SCRIPT)
+    result = train_dapo(model, tok, TASKS, cfg, engine=HFEngine(model, tok, max_batch=16), limits=LIMITS,
+                        tools_factory=Recorder(), score=_score, render=lambda t: render_prompt(tok, t["question"], "web"),
+                        seed=5, progress=False, guided=guided)
+    h = result.history
+    assert h[0]["accuracy"] < 0.5 and h[-1]["accuracy"] > h[0]["accuracy"] + 0.3
+    assert h[-1]["guide_agreement"] > h[0]["guide_agreement"]
+    assert h[0]["policy_tokens_trained"] == 0 and h[0]["guide_weight"] == 1.0 and h[-1].get("guide_weight", 0.5) == 0.5
+    assert result.metrics(len(TASKS), 0, float("nan"))["guide_examples"] == sum(x["guide_examples"] for x in h)
