@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=16, help="RL pool: first N rl-split tasks per domain")
     ap.add_argument("--val", type=int, default=20, help="validation: last N rl-split tasks per domain")
     ap.add_argument("--filter-k", type=int, default=0, help="solve filter rollouts per pool task (0: none)")
+    ap.add_argument("--keep-unsolved", action="store_true",
+                    help="the solve filter drops only K/K (solve_filter.drop_unsolved: false), not 0/K too")
     ap.add_argument("--filter-temperature", type=float, default=None,
                     help="the solve filter's temperature (default: params.yaml's solve_filter.temperature)")
     ap.add_argument("--set", action="append", default=[], help="rl.KEY=VALUE override (repeatable)")
@@ -175,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             cached.write_text(json.dumps(solved))
         row["filter_hist"] = {d: sorted(solved[t["task_id"]] for t in train if t["domain"] == d)
                               for d in ("web", "math", "code")}
-        train = [t for t in train if 0 < solved[t["task_id"]] < args.filter_k]
+        low = 0 if args.keep_unsolved else 1
+        train = [t for t in train if low <= solved[t["task_id"]] < args.filter_k]
     row["filter_s"] = round(time.perf_counter() - start, 1)
     row["train_tasks"] = {d: sum(t["domain"] == d for t in train) for d in ("web", "math", "code")}
     print(json.dumps(row), flush=True)

@@ -484,14 +484,23 @@ class GuideConfig:
                         "first step.")
     final_coef: float = _help("Its weight at the last step, reached linearly (the teacher's intervention annealed).")
     dapo_coef: float = _help("Weight of DAPO's policy-gradient loss (0 = the guided loss alone).")
-    max_states: int = _help("Most corrected states per rollout, the earliest first.")
+    interject_failed: float = _help(
+        "Probability that the team takes the student's turn, in the rollout itself, at a state right after a failed or "
+        "repeated call (its turn and its tool's answer prefilled; trained as cross-entropy; the rollout leaves DAPO's "
+        "groups), annealed as coef is.")
+    interject_other: float = _help("The same at any other state after an observation (sampled turns).")
+    max_states: int = _help("Most states per rollout corrected after the fact, where the student did otherwise than "
+                            "the team would, the earliest first (each an example in the student's context: costs its "
+                            "whole context again); 0 = none.")
     takeover: bool = _help("The team goes on from a corrected state to its answer (its later turns trained too, "
                            "observations masked); false = only its next turn.")
 
     def __post_init__(self) -> None:
         _require(self.coef >= 0 and self.final_coef >= 0, "coef", "must be >= 0 (coef and final_coef)")
         _require(self.dapo_coef >= 0, "dapo_coef", "must be >= 0 (0 = the guided loss alone)")
-        _require(self.max_states >= 1, "max_states", "must be >= 1")
+        _require(self.max_states >= 0, "max_states", "must be >= 0 (0 = no correction after the fact)")
+        for name in ("interject_failed", "interject_other"):
+            _require(0 <= getattr(self, name) <= 1, name, "must be a probability in [0, 1]")
         _require(self.source == "none" or self.coef > 0 or self.final_coef > 0, "coef",
                  f"is 0 with source {self.source!r}: set a weight, or source: none")
         _require(self.source != "none" or self.dapo_coef > 0, "dapo_coef", "is 0 with source none: nothing to learn")
@@ -503,6 +512,14 @@ class GuideConfig:
             return 0.0
         frac = step / (steps - 1) if steps > 1 else 0.0
         return self.coef + (self.final_coef - self.coef) * frac
+
+    def interjection(self, step: int, steps: int) -> tuple[float, float]:
+        """(after a failed or repeated call, elsewhere): the team's chance of taking a turn at ``step``, annealed
+        by the weight's ratio to coef; (0, 0) unless the source is the team."""
+        if self.source != "team" or self.coef <= 0:
+            return 0.0, 0.0
+        ratio = self.weight(step, steps) / self.coef
+        return self.interject_failed * ratio, self.interject_other * ratio
 
 
 @dataclass(frozen=True)

@@ -229,11 +229,23 @@ class Trajectory:
         """Append the observation's tokens (mask 0) and open the next turn; returns the appended ids.
 
         When the observation does not fit the context, it is cut to the room left and the trajectory
-        ends with finish "max_total_tokens".
+        ends with finish "max_total_tokens". A session with ``interject`` may then take the turn (a teacher
+        writing the policy's next turn from the text so far): its text is appended as a teacher span (mask 0),
+        and its tool call is run and observed in turn (the ids returned include all of it), under the same limits.
         """
         assert self.tool_call is not None, "observe() without a pending tool call"
         self.tool_call = None
-        ids = encode(self.tokenizer, OBS_OPEN + observation + OBS_CLOSE)
+        ids = self._append(encode(self.tokenizer, OBS_OPEN + observation + OBS_CLOSE))
+        self.turn_start = len(self.out.response_ids)
+        interject = getattr(self.session, "interject", None)
+        if interject is not None and not self.done:
+            text = interject(decode(self.tokenizer, self.out.response_ids))
+            if text:
+                ids += self._teacher_turn(text)
+        return ids
+
+    def _append(self, ids: list[int]) -> list[int]:
+        """Append runtime tokens (mask 0, log-prob 0), cut to the context left (then finish "max_total_tokens")."""
         room = self.limits.max_total_tokens - self.n_tokens()
         if len(ids) >= room:
             ids = ids[:room]
@@ -242,7 +254,35 @@ class Trajectory:
         out.response_ids.extend(ids)
         out.loss_mask.extend([0] * len(ids))
         out.logprobs.extend([0.0] * len(ids))
-        self.turn_start = len(out.response_ids)
+        return ids
+
+    def _teacher_turn(self, text: str) -> list[int]:
+        """A teacher's turn in the policy's place: its tokens as a teacher span, then its tool call run (or its
+        answer ending the trajectory), as a policy turn would end."""
+        out = self.out
+        start = len(out.response_ids)
+        ids = self._append(encode(self.tokenizer, text))
+        out.teacher_spans.append((start, len(out.response_ids)))
+        out.n_turns += 1
+        if self.done:
+            return ids
+        closing = max((text.rfind(s), s) for s in STOP_STRINGS)
+        if closing[0] < 0 or text[closing[0] + len(closing[1]):].strip():
+            out.finish = T.FINISH_STOP  # a teacher turn that does not end at a stop: nothing to run
+            return ids
+        tag = _CLOSING_TOOL.get(closing[1])
+        if tag is None:
+            out.finish = T.FINISH_ANSWER
+        elif out.n_tool_calls >= self.limits.max_tool_calls:
+            out.finish = T.FINISH_MAX_TOOL_CALLS
+        elif out.n_turns >= self.limits.max_turns:
+            out.finish = T.FINISH_MAX_TURNS
+        else:
+            out.n_tool_calls += 1
+            body = text[:closing[0]]
+            at = body.rfind(f"<{tag}>")
+            self.tool_call = (tag, body[at + len(tag) + 2:] if at >= 0 else body)
+            ids += self.observe(self.run_tool())
         return ids
 
     def result(self) -> Rollout:

@@ -116,6 +116,9 @@ class Rollout:
     hidden: with the hf engine's ``keep_hidden=L``, the residual stream entering decoder layer L at every
         position the engine fed, [P + R - 1, H] in the model's dtype (the last token is never fed): what an
         update that trains only the layers from L on needs from the frozen ones below (coa.train.dapo)
+    teacher_spans: [start, end) ranges of response_ids a teacher wrote instead of the policy (a session's
+        ``interject``: coa.rollout.loop.Trajectory.observe): mask 0 and log-prob 0 there, like observations,
+        but the teacher's own turn (coa.train.dapo trains on it as a target)
     """
 
     key: str
@@ -129,6 +132,7 @@ class Rollout:
     finish: str = ""
     answer: str | None = None
     hidden: Any = None
+    teacher_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def n_policy_tokens(self) -> int:
@@ -140,7 +144,8 @@ class Rollout:
         return self.finish in TRUNCATED
 
 
-# A per-trajectory tool caller: ``session(tag, content) -> observation text`` (a coa.tools.ToolSession).
+# A per-trajectory tool caller: ``session(tag, content) -> observation text`` (a coa.tools.ToolSession). One that also
+# has ``interject(text) -> str | None`` may take the policy's next turn after an observation (coa.teacher.states).
 ToolCaller = Callable[[str, str], str]
 # ``tools(request)``: a fresh ToolCaller for that trajectory, or None for closed-book generation.
 ToolsFactory = Callable[[Request], ToolCaller | None]

@@ -8,11 +8,13 @@ A rollout visits a state at its start and after every observation (the runtime's
 loss mask 0). At each, the team's next turn (coa.teacher.guide.Guide.next_turn) is compared with what the student
 did next (Guide.agrees: the same call, a call with the same effect, or a correct answer where the team answers).
 The rl stage's guided loss trains on the states where it did otherwise (coa.train.dapo.guided); the eval stage
-reports the agreement of every policy it runs.
+reports the agreement of every policy it runs. :class:`Interjecting` lets the team take some of the student's turns
+in the rollout itself (teacher turns mixed into the student's rollouts).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
@@ -145,3 +147,41 @@ def _kind(prefix: str) -> str:
         return "after_failed"
     key = (tag, " ".join(body.split()))
     return "after_repeat" if key in {(t, " ".join(b.split())) for t, b, _ in calls[:-1]} else "other"
+
+
+class Interjecting:
+    """A student's tool session through which the teacher team takes some of the student's turns in the rollout
+    itself (coa.rollout.loop.Trajectory.observe asks ``interject`` after every observation): at a state right after
+    a failed or repeated call with probability ``p_failed``, at any other with ``p_other`` (one draw per state from
+    an RNG seeded by ``seed``), never right after its own turn. The rollout then goes on from the team's turn: the
+    student's states after it are the team's doing, and the student learns the team's turn where it stood
+    (coa.train.dapo: cross-entropy on Rollout.teacher_spans). ``taken`` counts its turns, ``declined`` the states
+    it had none for (a malformed state, a wrong route)."""
+
+    def __init__(self, session: Callable[[str, str], str], guide: Guide, task: dict[str, Any], p_failed: float,
+                 p_other: float, seed: int):
+        self.session, self.guide, self.task = session, guide, task
+        self.p_failed, self.p_other = p_failed, p_other
+        self.rng = random.Random(seed)
+        self.taken = self.declined = 0
+        self._own = False  # the last turn was the team's
+
+    def __call__(self, tag: str, content: str) -> str:
+        return self.session(tag, content)
+
+    def interject(self, text: str) -> str | None:
+        """The team's turn from the student's ``text`` so far (ending with an observation), or None: the student's."""
+        draw = self.rng.random()
+        if self._own:
+            self._own = False
+            return None
+        p = self.p_failed if _kind(text) in ("after_failed", "after_repeat") else self.p_other
+        if draw >= p:
+            return None
+        turn = self.guide.next_turn(self.guide.route(self.task), text)
+        if turn.text is None:
+            self.declined += 1
+            return None
+        self._own = True
+        self.taken += 1
+        return turn.text

@@ -273,7 +273,7 @@ def target_hidden(model: Any, batch: Batch, inputs: dict[str, Any]) -> tuple[tor
 def n_targets(examples: Sequence[Example], row: Sequence[int]) -> int:
     """N of a row collated from ``examples[i] for i in row``: its target tokens, the positions ``target_hidden``
     keeps (a sample's first token is never a target); known before any forward."""
-    return sum(sum(examples[i].loss_mask[1:]) for i in row)
+    return sum(sum(1 for m in examples[i].loss_mask[1:] if m) for i in row)
 
 
 def chunk_bounds(n: int, chunk: int, min_chunks: int = 1) -> list[tuple[int, int]]:

@@ -187,3 +187,58 @@ def test_answer_and_eos_finish(build, answer_model, tok, requests_of):
     assert (r.finish, r.n_turns) == ("eos", 1)
     if r.response_ids[-1] == tid(tok, "<|im_end|>"):  # an engine may keep the eos token: then it is a target
         assert r.loss_mask[-1] == 1
+
+
+class Interjector(Recorder):
+    """A tools factory whose sessions let a teacher take the turn after the policy's first observation: a search,
+    then (after its result) the answer " Brill"."""
+
+    def __call__(self, request: Request):
+        session = super().__call__(request)
+
+        class Session:
+            turns = 0
+
+            def __call__(self, tag: str, content: str) -> str:
+                return session(tag, content)
+
+            def interject(self, text: str) -> str | None:
+                self.turns += 1
+                return "<think> taught</think><web_search> Brill</web_search>" if self.turns == 1 else None
+
+        return Session()
+
+
+def test_a_teachers_turn_in_the_rollout_is_a_span_of_its_own_and_its_call_is_run(build, web_model, tok, requests_of):
+    requests = requests_of(3)
+    engine = build(web_model)
+    interjector = Interjector()
+    limits = Limits(max_turns=8, max_tool_calls=3, max_turn_tokens=24, max_total_tokens=1024)
+    rollouts = engine.rollout(requests, GREEDY, limits, interjector)
+    for request, r in zip(requests, rollouts, strict=True):
+        (a, b), = r.teacher_spans
+        assert decode(tok, r.response_ids[a:b]) == "<think> taught</think><web_search> Brill</web_search>"
+        assert set(r.loss_mask[a:b]) == {0} and set(r.logprobs[a:b]) == {0.0}
+        assert decode(tok, r.response_ids[:a]).endswith(OBS_CLOSE)  # right after the policy's first observation
+        after = decode(tok, r.response_ids[b:])
+        assert after.startswith(OBS_OPEN + "results for Brill" + OBS_CLOSE)  # the teacher's call was run
+        assert any(r.loss_mask[b:])  # then the policy goes on
+        assert r.n_tool_calls == 3 and (request.key, "web_search", " Brill") in interjector.calls
+        assert decode(tok, r.prompt_ids + r.response_ids) == request.prompt + r.text
+        assert r.logprobs == [0.0 if m == 0 else lp for m, lp in zip(r.loss_mask, r.logprobs, strict=True)]
+    # the same rollouts under the same seed: the teacher's tokens fed as the engine feeds an observation
+    again = engine.rollout(requests, GREEDY, limits, Interjector())
+    assert [r.response_ids for r in again] == [r.response_ids for r in rollouts]
+
+
+def test_a_teachers_answer_ends_the_rollout(build, web_model, tok, requests_of):
+    class Answers(Recorder):
+        def __call__(self, request: Request):
+            session = super().__call__(request)
+            session.interject = lambda text: "<think> Kellon</think><answer> Tesk</answer>"
+            return session
+
+    (r,) = build(web_model).rollout(requests_of(1), GREEDY, LIMITS, Answers())
+    assert (r.finish, r.answer, r.n_tool_calls) == ("answer", "Tesk", 1)
+    (a, b), = r.teacher_spans
+    assert b == len(r.response_ids) and r.text.endswith("<answer> Tesk</answer>")

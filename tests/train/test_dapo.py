@@ -236,3 +236,14 @@ def test_a_top_layers_update_starts_from_the_engines_states(tok):
     assert changed > 0
     for key in ("loss", "entropy", "clip_fraction", "policy_tokens_trained"):
         assert out_a[key] == pytest.approx(out_b[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_rollout_the_teacher_took_turns_in_leaves_its_group_out_of_the_statistics():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    own = torch.tensor([[True, True, True, False], [True, False, False, False], [True, True, False, False]])
+    adv = group_advantages(rewards, valid=own)
+    assert torch.allclose(adv[0, :3], group_advantages(rewards[:1, :3])[0]) and adv[0, 3] == 0
+    assert torch.equal(adv[1], torch.zeros(4))  # one own rollout: no group
+    assert torch.equal(adv[2], torch.zeros(4))  # its own rollouts agree: nothing to learn
+    assert keep_groups(rewards, valid=own).tolist() == [True, False, False]
+    assert torch.equal(group_advantages(rewards, valid=torch.ones_like(own)), group_advantages(rewards))

@@ -10,11 +10,11 @@ import torch
 from coa.prompts import render_prompt
 from coa.rollout.hf import HFEngine
 from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, decode, encode
-from coa.rollout.types import Rollout
+from coa.rollout.types import Request, Rollout, Sampling
 from coa.tasks.math import generate_math
 from coa.teacher.states import StateFacts, visited_states
 from coa.train.dapo import train_dapo
-from coa.train.dapo.guided import own_correct, teacher_guided
+from coa.train.dapo.guided import Guided, own_correct, teacher_guided
 from coa.train.data import Example
 from tests.rollout.conftest import Recorder
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2
@@ -129,9 +129,48 @@ def test_the_guided_loss_alone_teaches_the_teams_turn(tok):
     model = scripted_qwen2(tok, WEB_SCRIPT)
     result = train_dapo(model, tok, TASKS, cfg, engine=HFEngine(model, tok, max_batch=16), limits=LIMITS,
                         tools_factory=Recorder(), score=_score, render=lambda t: render_prompt(tok, t["question"], "web"),
-                        seed=5, progress=False, guided=guided)
+                        seed=5, progress=False, guided=Guided(guided))
     h = result.history
     assert h[0]["accuracy"] < 0.5 and h[-1]["accuracy"] > h[0]["accuracy"] + 0.3
     assert h[-1]["guide_agreement"] > h[0]["guide_agreement"]
     assert h[0]["policy_tokens_trained"] == 0 and h[0]["guide_weight"] == 1.0 and h[-1].get("guide_weight", 0.5) == 0.5
     assert result.metrics(len(TASKS), 0, float("nan"))["guide_examples"] == sum(x["guide_examples"] for x in h)
+
+
+class AnswerAtOnce:
+    """A stand-in team that, from any state after an observation, answers " Tesk" at once."""
+
+    def route(self, task):
+        return task["task_id"]
+
+    def next_turn(self, route, text):
+        from coa.teacher.guide import Turn
+
+        return Turn("<think> Kellon</think><answer> Tesk</answer>")
+
+
+def test_the_teams_turns_in_the_rollouts_teach_and_leave_dapo_alone(tok):
+    """The scripted student (greedy) searches again after every observation; the team, taking the turn there,
+    answers. With DAPO's loss off, the cross-entropy on the team's turns alone teaches the student to answer (the
+    bigram student then answers at once), and the rollouts it took turns in never count as its own."""
+    cfg = _cfg(steps=6, prompts_per_step=4, rollouts_per_prompt=2, mini_batches=1, lr=3e-3)
+    cfg = replace(cfg, guide=replace(cfg.guide, source="team", coef=1.0, final_coef=0.5, dapo_coef=0.0,
+                                     interject_failed=0.0, interject_other=1.0, max_states=0))
+    torch.manual_seed(0)
+    model = scripted_qwen2(tok, WEB_SCRIPT)
+    engine = HFEngine(model, tok, max_batch=16)
+    guided = Guided(lambda task, rollout, correct: ([], StateFacts()), AnswerAtOnce())
+
+    def answered():
+        rollouts = engine.rollout([Request(f"t{i}#0", render_prompt(tok, t["question"], "web"), "web")
+                                   for i, t in enumerate(TASKS)], Sampling(temperature=0.0), LIMITS, Recorder())
+        return sum(r.answer == "Tesk" for r in rollouts)
+
+    before = answered()
+    result = train_dapo(model, tok, TASKS, cfg, engine=engine, limits=LIMITS, tools_factory=Recorder(), score=_score,
+                        render=lambda t: render_prompt(tok, t["question"], "web"), seed=5, progress=False,
+                        guided=guided)
+    h = result.history
+    assert before == 0 and answered() == len(TASKS)
+    assert h[0]["interjected"] > 0.5 and h[0]["guide_tokens_trained"] > 0 and h[0]["policy_tokens_trained"] == 0
+    assert h[-1]["interjected"] < h[0]["interjected"]  # fewer states to take: the student answers by itself

@@ -17,6 +17,7 @@ fine-tuning, the study's baseline for what a teacher adds (docs/sizing.md).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, encode
@@ -90,14 +91,23 @@ def _example(tokenizer: Any, context: list[int], legs: list[tuple[str, str | Non
     return Example(ids, mask, 1.0) if any(mask) else None
 
 
+@dataclass(frozen=True)
+class Guided:
+    """What train_dapo learns from beside DAPO's reward: ``examples(task, rollout, correct) -> (examples, facts)``
+    on every rollout after the fact, and the team (``guide``) that takes some of the student's turns in the
+    rollouts themselves (coa.teacher.states.Interjecting; None: no teacher in the rollouts)."""
+
+    examples: Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]]
+    guide: Guide | None = None
+
+
 def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, tokenizer: Any, seed: int,
-                max_tokens: int, store: Any = None, judge: Any = None
-                ) -> Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]] | None:
+                max_tokens: int, store: Any = None, judge: Any = None) -> Guided | None:
     """train_dapo's ``guided`` from params: ``cfg`` rl.guide, ``distill`` the distill section (its teacher team,
     the deliberate mistakes off: coa.teacher.guide.clean_style), ``tools`` common.tools; None for source none."""
     if cfg.source == "none":
         return None
     if cfg.source == "own":
-        return own_correct(max_tokens)
-    teacher = make_teacher(clean_style(distill), tools, index_dir, store)
-    return teacher_guided(Guide(teacher, seed, judge), tokenizer, cfg, max_tokens)
+        return Guided(own_correct(max_tokens))
+    guide = Guide(make_teacher(clean_style(distill), tools, index_dir, store), seed, judge)
+    return Guided(teacher_guided(guide, tokenizer, cfg, max_tokens), guide)

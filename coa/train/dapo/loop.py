@@ -17,11 +17,13 @@ from typing import Any
 import torch
 
 from coa.device import release_gpu_cache, resolve_dtype
+from coa.rollout.loop import request_seed
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
 from coa.rollout.weights import send_weights, transfer_for
-from coa.teacher.states import StateFacts
+from coa.teacher.states import Interjecting, StateFacts
 from coa.train import kit
 from coa.train.dapo.engine import engine_group
+from coa.train.dapo.guided import Guided
 from coa.train.dapo.loss import group_advantages, keep_groups
 from coa.train.dapo.ranks import Ranks, ZeroStep, check_checkpoint, check_launch, zero_settings, zero_trainer
 from coa.train.dapo.update import _update
@@ -31,8 +33,6 @@ from coa.train.zero import deepspeed_inference, gathered_model, module_weights, 
 log = logging.getLogger(__name__)
 
 Score = Callable[[dict[str, Any], Rollout], tuple[float, bool]]  # (task, rollout) -> (reward, correct)
-# (task, rollout, correct) -> (training examples, what the guide saw): coa.train.dapo.guided
-Guided = Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]]
 
 
 def reward_score(spec: Any, judge: Any = None) -> Score:
@@ -90,6 +90,7 @@ class DapoResult:
             metrics["guide_agreement_first"] = kit.json_number(guided[0]["guide_agreement"])
             metrics["guide_agreement_last"] = kit.json_number(guided[-1]["guide_agreement"])
             metrics["guide_tokens_trained"] = int(sum(x.get("guide_tokens_trained", 0) for x in h))
+            metrics["interjected_mean"] = round(sum(x.get("interjected", 0.0) for x in h) / len(h), 4)
         return metrics
 
     def plot_rows(self) -> list[dict[str, Any]]:
@@ -98,7 +99,7 @@ class DapoResult:
 
 
 PLOT_KEYS = ("reward", "accuracy", "groups_kept", "entropy", "clip_fraction", "response_tokens", "tool_calls",
-             "guide_agreement", "guide_loss")
+             "guide_agreement", "guide_loss", "interjected")
 
 
 def _fifths(history: list[dict], key: str) -> tuple[float, float]:
@@ -128,10 +129,12 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
                ) -> DapoResult:
     """DAPO on ``tasks`` (rows with task_id, domain, ...) for ``cfg.steps`` steps; see the module docstring.
 
-    guided(task, rollout, correct) -> (examples, facts), called on every rollout a step generates (kept groups or
-    not): cross-entropy on those examples joins the update at ``cfg.guide.weight(step, steps)`` beside DAPO's loss
-    at ``cfg.guide.dapo_coef`` (coa.train.dapo.guided: the teacher team's turns from the student's states, or its
-    own correct rollouts). None: DAPO alone.
+    guided (coa.train.dapo.guided.Guided): ``guided.examples(task, rollout, correct) -> (examples, facts)`` is
+    called on every rollout a step generates (kept groups or not), and cross-entropy on those examples joins the
+    update at ``cfg.guide.weight(step, steps)`` beside DAPO's loss at ``cfg.guide.dapo_coef`` (the teacher team's
+    turns from the student's states, or its own correct rollouts); with ``guided.guide`` the team also takes some
+    of the student's turns in the rollouts (``cfg.guide.interjection``: coa.teacher.states.Interjecting), its turns
+    trained the same way and those rollouts left out of DAPO's groups. None: DAPO alone.
 
     engine: rolls out the *current* weights (an HFEngine sharing ``model``; other engines are synced by
     ``engine.sync(model)`` after every step when they have it). score(task, rollout) -> (reward, correct);
@@ -219,14 +222,16 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
                mininterval=2)
     for step in range(state.step, cfg.steps):
         t0 = time.perf_counter()
-        metrics, batch, groups, generated = _generate(engine, tasks, prompts, cfg, limits, tools_factory, score, seed,
-                                                      step, state, ranks)
+        metrics, batch, groups, generated, taught = _generate(
+            engine, tasks, prompts, cfg, limits, _interjecting(tools_factory, guided, tasks, cfg, seed, step), score,
+            seed, step, state, ranks)
         weight = cfg.guide.weight(step, cfg.steps) if guided is not None else 0.0
         examples, facts = _guide(guided, generated, ranks) if weight > 0 else ([], None)
         if facts is not None:
             metrics.update(facts.metrics())
-        if cfg.guide.dapo_coef == 0:
-            batch = []  # the guided loss alone
+        # DAPO's groups (unless the guided loss is alone), then the rollouts the team took turns in (their turns'
+        # cross-entropy; their own tokens are context)
+        batch = (batch if cfg.guide.dapo_coef > 0 else []) + (taught if weight > 0 else [])
         t1 = time.perf_counter()
         if hasattr(engine, "sleep"):  # vLLM's sleep mode: the update gets the engine's GPU memory
             engine.sleep()
@@ -333,12 +338,30 @@ def _engine_ranks(cfg: Any) -> int:
     return engine.vllm.tensor_parallel_size if engine is not None and engine.kind == "vllm" else 1
 
 
+def _interjecting(tools_factory: ToolsFactory, guided: Guided | None, tasks: Sequence[dict[str, Any]], cfg: Any,
+                  seed: int, step: int) -> ToolsFactory:
+    """The step's tool sessions: through them the team takes some of the student's turns (cfg.guide.interjection at
+    this step; each rollout's draws seeded by its key), or the plain ones."""
+    p_failed, p_other = cfg.guide.interjection(step, cfg.steps) if guided is not None else (0.0, 0.0)
+    if guided is None or guided.guide is None or not (p_failed or p_other):
+        return tools_factory
+    by_id = {t["task_id"]: t for t in tasks}
+    guide = guided.guide
+
+    def factory(request: Request) -> Any:
+        task = by_id[request.key.split("#")[0]]
+        return Interjecting(tools_factory(request), guide, task, p_failed, p_other,
+                            request_seed(seed * 7919 + step, request.key))
+
+    return factory
+
+
 def _guide(guided: Guided, generated: list[tuple[dict[str, Any], Rollout, bool]], ranks: Ranks,
            ) -> tuple[list[Example], StateFacts]:
     """The guided examples of this rank's rollouts, and the facts of every rank's (summed)."""
     examples, facts = [], StateFacts()
     for task, rollout, correct in generated:
-        more, seen = guided(task, rollout, correct)
+        more, seen = guided.examples(task, rollout, correct)
         examples += more
         facts.add(seen)
     names = [f.name for f in dataclasses.fields(facts)]
@@ -350,11 +373,14 @@ def _guide(guided: Guided, generated: list[tuple[dict[str, Any], Rollout, bool]]
 def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: Sequence[str], cfg: Any, limits: Limits,
               tools_factory: ToolsFactory, score: Score, seed: int, step: int, state: _State, ranks: Ranks,
               ) -> tuple[dict[str, float], list[tuple[Rollout | None, float]], list[str],
-                         list[tuple[dict[str, Any], Rollout, bool]]]:
+                         list[tuple[dict[str, Any], Rollout, bool]], list[tuple[Rollout | None, float]]]:
     """Dynamic sampling: roll out groups until ``cfg.prompts_per_step`` of them have unequal rewards (or
     ``cfg.max_gen_batches`` rounds). Returns the step's rollout metrics (over every rollout generated,
     before filtering), the kept (rollout, advantage) pairs, the kept groups ("round:task_id#position") and this
-    rank's every rollout with its task and correctness (what the guided loss reads).
+    rank's every rollout with its task and correctness (what the guided loss reads). A rollout the teacher team
+    took turns in is not the policy's own: its group's advantages are over the others (at least two), it gets 0;
+    those outside the kept groups come last, as (rollout, 0.0) pairs in the same rank layout, for the cross-entropy
+    on the team's turns. Reward and accuracy are the policy's own rollouts'.
     Each rank rolls out its share of a round's groups; the kept pairs are every rank's, in group order, the
     rollout None where another rank holds it (coa.train.dapo.ranks)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -363,7 +389,9 @@ def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: S
     kept: list[tuple[Rollout | None, float]] = []
     groups: list[str] = []
     n_groups = n_kept = rounds = 0
-    seen: list[tuple] = []  # per rollout of every rank: reward, correct, policy tokens, tool calls, turns, truncated
+    # per rollout of every rank: reward, correct, policy tokens, tool calls, turns, truncated, the team took turns
+    seen: list[tuple] = []
+    taught: list[tuple[Rollout | None, float]] = []
     generated: list[tuple[dict[str, Any], Rollout, bool]] = []
     while n_kept < want and rounds < cfg.max_gen_batches:
         idx = task_stream(len(tasks), seed, state.cursor, want)
@@ -378,26 +406,33 @@ def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: S
         with ThreadPoolExecutor(4) as pool:  # code tests run in the sandbox, math-verify is slow
             scored = list(pool.map(score, owners, rollouts))
         generated += [(t, r, s[1]) for t, r, s in zip(owners, rollouts, scored, strict=True)]
-        facts = ranks.gather([(s[0], s[1], r.n_policy_tokens, r.n_tool_calls, r.n_turns, r.truncated)
-                              for s, r in zip(scored, rollouts, strict=True)])
+        facts = ranks.gather([(s[0], s[1], r.n_policy_tokens, r.n_tool_calls, r.n_turns, r.truncated,
+                               bool(r.teacher_spans)) for s, r in zip(scored, rollouts, strict=True)])
         rewards = torch.tensor([f[0] for f in facts], dtype=torch.float32).view(len(idx), k)
-        adv = group_advantages(rewards)
-        for g in torch.nonzero(keep_groups(rewards)).flatten().tolist():
+        own = torch.tensor([not f[6] for f in facts]).view(len(idx), k)
+        adv = group_advantages(rewards, valid=own)
+        chosen = []
+        for g in torch.nonzero(keep_groups(rewards, valid=own)).flatten().tolist():
             if n_kept < want:
                 kept.extend((rollouts[(g - lo) * k + j] if lo <= g < hi else None, float(adv[g, j]))
                             for j in range(k))
                 groups.append(f"{rounds}:{tasks[idx[g]]['task_id']}#{g}")
+                chosen.append(g)
                 n_kept += 1
+        taught += [(rollouts[(g - lo) * k + j] if lo <= g < hi else None, 0.0) for g in range(len(idx))
+                   if g not in chosen for j in range(k) if not own[g, j]]
         n_groups += len(idx)
         rounds += 1
         seen += facts
+    mine = [f for f in seen if not f[6]] or seen
     n = max(len(seen), 1)
     metrics = {
-        "reward": sum(f[0] for f in seen) / n, "accuracy": sum(f[1] for f in seen) / n,
+        "reward": sum(f[0] for f in mine) / max(len(mine), 1), "accuracy": sum(f[1] for f in mine) / max(len(mine), 1),
+        "interjected": sum(f[6] for f in seen) / n,
         "groups_generated": n_groups, "groups_kept": n_kept, "groups_filtered": n_groups - n_kept,
         "gen_batches": rounds,
         "response_tokens": sum(f[2] for f in seen) / n,
         "tool_calls": sum(f[3] for f in seen) / n, "turns": sum(f[4] for f in seen) / n,
         "truncated": sum(f[5] for f in seen) / n,
     }
-    return metrics, kept, groups, generated
+    return metrics, kept, groups, generated, taught

@@ -16,26 +16,35 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, valid: torch.Tensor | None = None) -> torch.Tensor:
     """GRPO / DAPO advantages.
 
     rewards: [G, K] (G groups of the K rollouts of one prompt). Returns [G, K]: (r - mean_g) / (std_g + eps),
     std with Bessel's correction; a group whose rewards are all equal gets exactly 0 (and K = 1 gives 0).
+    valid: [G, K] bool, the rollouts that are the policy's own (a teacher took no turn in them): the group's mean
+    and std are over those alone, and the others get 0.
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [groups, k], got shape {tuple(rewards.shape)}")
     r = rewards.float()
-    mean = r.mean(dim=1, keepdim=True)
-    if r.shape[1] < 2:
-        return torch.zeros_like(r)
-    std = r.std(dim=1, keepdim=True)
+    v = torch.ones_like(r, dtype=torch.bool) if valid is None else valid.bool()
+    n = v.sum(dim=1, keepdim=True).float()
+    mean = (r * v).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    var = (((r - mean) * v) ** 2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)
+    std = var.sqrt()
     adv = (r - mean) / (std + eps)
-    return torch.where(std > 0, adv, torch.zeros_like(adv))
+    return torch.where((std > 0) & (n >= 2) & v, adv, torch.zeros_like(adv))
 
 
-def keep_groups(rewards: torch.Tensor) -> torch.Tensor:
-    """Dynamic sampling's filter. rewards: [G, K]; returns [G] bool: the group's rewards are not all equal."""
-    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+def keep_groups(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Dynamic sampling's filter. rewards: [G, K]; returns [G] bool: the group's rewards are not all equal (over
+    its ``valid`` rollouts, [G, K] bool: at least two of them)."""
+    if valid is None:
+        return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+    v = valid.bool()
+    high = torch.where(v, rewards, torch.full_like(rewards, -float("inf"))).max(dim=1).values
+    low = torch.where(v, rewards, torch.full_like(rewards, float("inf"))).min(dim=1).values
+    return (v.sum(dim=1) >= 2) & (high - low > 0)
 
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,

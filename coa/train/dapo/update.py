@@ -33,10 +33,25 @@ from coa.train.dapo.loss import clip_fraction, kl_k3, masked_mean, policy_loss
 from coa.train.dapo.ranks import Ranks
 from coa.train.data import Example, pack
 
+TEACHER = 2  # an Example.loss_mask value: a target the teacher wrote (cross-entropy), not the policy (policy gradient)
+
 
 def _example(rollout: Rollout) -> Example:
+    """The rollout as one example: the policy's tokens its targets (mask 1); in a rollout a teacher took turns in
+    (``Rollout.teacher_spans``) only the teacher's tokens are (mask TEACHER), the policy's own being context: its
+    outcome is not the policy's alone."""
     ids = list(rollout.prompt_ids) + list(rollout.response_ids)
-    return Example(ids, [0] * len(rollout.prompt_ids) + list(rollout.loss_mask), 1.0)
+    mask = list(rollout.loss_mask)
+    if rollout.teacher_spans:
+        mask = [0] * len(mask)
+        for a, b in rollout.teacher_spans:
+            mask[a:b] = [TEACHER] * (b - a)
+    return Example(ids, [0] * len(rollout.prompt_ids) + mask, 1.0)
+
+
+def _kinds(examples: Sequence[Example | None], row: list[int], dev: torch.device) -> torch.Tensor:
+    """[N] the mask value (1 or TEACHER) of each target of a row, in the order :func:`_forward` returns them."""
+    return torch.tensor([m for i in row for m in examples[i].loss_mask[1:] if m], device=dev)
 
 
 def _micro_batches(examples: Sequence[Example | None], order: Sequence[int], n_mini: int,
@@ -191,20 +206,21 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     ent_sum = gap_sum = 0.0
     n_tok = 0
     engine_lp = {i: [lp for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m] for i, (r, _) in enumerate(batch)
-                 if r is not None}
+                 if r is not None and not r.teacher_spans}
     guide_sum = 0.0
     guide_tok = 0
     on_policy = len(minis) == 1 and not use_ref
     if reuse_forward is not None:  # tests compare both paths
         on_policy = on_policy and reuse_forward
 
-    def observe(ent: torch.Tensor, lp: torch.Tensor, row: list[int]) -> None:
+    def observe(ent: torch.Tensor, lp: torch.Tensor, row: list[int], policy: torch.Tensor) -> None:
+        """Entropy and the engine's log-prob gap over the row's policy targets (``policy``: [N] bool)."""
         nonlocal ent_sum, gap_sum, n_tok
-        ent_sum += float(ent.sum())
-        n_tok += lp.numel()
-        sampled = torch.tensor([x for i in row for x in engine_lp[i]], device=dev)
-        if sampled.numel() == lp.numel():
-            gap_sum += float((sampled - lp).abs().sum())
+        ent_sum += float(ent[policy].sum())
+        n_tok += int(policy.sum())
+        sampled = torch.tensor([x for i in row for x in engine_lp.get(i, [])], device=dev)
+        if sampled.numel() == int(policy.sum()):
+            gap_sum += float((sampled - lp[policy]).abs().sum())
 
     if not on_policy:
         model.eval()
@@ -226,7 +242,7 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
                         continue
                     hidden, tgt, _ = forward(row)
                     old[b, m], ent = _logprobs(model, hidden, tgt, cfg.temperature, chunk, need[b, m], True)
-                    observe(ent, old[b, m], row)
+                    observe(ent, old[b, m], row, _kinds(examples, row, dev) == 1)
                     if use_ref:
                         rh, rt, _ = _forward(ref_model, examples, row, pad_id, dev)
                         ref[b, m] = _logprobs(ref_model, rh, rt, cfg.temperature, chunk, need[b, m])[0]
@@ -235,9 +251,13 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     loss_sum = clip_sum = kl_sum = 0.0
     grad_norms = []
     for b, mini in enumerate(minis):
+        # the policy gradient's token mean is over the policy's targets, the cross-entropy's over the teacher's (its
+        # turns in rollouts and the guided examples), each over every rank's rows of the mini-batch
+        kinds = {m: _kinds(examples, row, dev) for m, row in enumerate(mini) if row and not is_guided(row)}
         n_mini, n_guided = (int(x) for x in ranks.sum(
-            [sum(kit.n_targets(examples, row) for row in mini if row and not is_guided(row)),
-             sum(kit.n_targets(examples, row) for row in mini if is_guided(row))]))
+            [sum(int((k == 1).sum()) for k in kinds.values()),
+             sum(kit.n_targets(examples, row) for row in mini if is_guided(row))
+             + sum(int((k == TEACHER).sum()) for k in kinds.values())]))
         for m, row in enumerate(mini):
             if is_guided(row):  # cross-entropy on the guided targets, at temperature 1 (as SFT)
                 with kit.autocast(dev, autocast_dtype):
@@ -253,23 +273,31 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
                     lp = filler_logprobs(model, b, m)
                 trainer.backward(lp.sum() * 0.0)
                 continue
+            policy, taught = kinds[m] == 1, kinds[m] == TEACHER
             with kit.autocast(dev, autocast_dtype):
                 hidden, tgt, seg = forward(row)
                 lp, ent = _logprobs(model, hidden, tgt, cfg.temperature, chunk, need[b, m], on_policy)
-            lp = lp[None]
+                if taught.any():  # the teacher's turns in the rollouts: cross-entropy at temperature 1
+                    teacher_lp = _logprobs(model, hidden[taught], tgt[taught], 1.0, chunk)[0]
             if on_policy:
-                observe(ent, lp[0].detach(), row)
-            a, mask = adv[seg][None], torch.ones_like(lp)
-            o = lp.detach() if on_policy else old[b, m][None]
+                observe(ent, lp.detach(), row, policy)
+            extra = 0.0
+            if taught.any():
+                extra = -teacher_lp.sum() * (guide_coef / max(n_guided, 1))
+                guide_sum -= float(teacher_lp.detach().sum())
+                guide_tok += int(taught.sum())
+            lp = lp[policy][None]
+            a, mask = adv[seg[policy]][None], torch.ones_like(lp)
+            o = lp.detach() if on_policy else old[b, m][policy][None]
             share = lp.numel() / max(n_mini, 1)
-            loss = policy_loss(lp, o, a, mask, cfg.clip_low, cfg.clip_high) * share * dapo_coef
+            loss = policy_loss(lp, o, a, mask, cfg.clip_low, cfg.clip_high) * share * dapo_coef + extra
             if use_ref:
-                kl = masked_mean(kl_k3(lp, ref[b, m][None]), mask)
+                kl = masked_mean(kl_k3(lp, ref[b, m][policy][None]), mask)
                 loss = loss + cfg.kl_coef * kl * share
                 kl_sum += float(kl) * lp.numel()
             trainer.backward(loss)
             del hidden
-            loss_sum += float(loss.detach()) * n_mini
+            loss_sum += float(loss.detach() - (extra.detach() if torch.is_tensor(extra) else 0.0)) * n_mini
             clip_sum += clip_fraction(lp.detach(), o, a, mask, cfg.clip_low, cfg.clip_high) * lp.numel()
         grad_norms.append(trainer.step())
         kit.release_freed_memory()
