@@ -159,3 +159,14 @@ def test_routes_are_seeded_and_cut_at_every_observation(web):
         assert all(leg.call is not None and leg.observation is not None for leg in ra.legs[:-1])
     legs = legs_of("<think>a</think>\n<web_search>q</web_search>\n<observation>o</observation>\n<answer>x</answer>")
     assert [leg.call for leg in legs] == [("web_search", "q"), None] and legs[0].observation == "o"
+
+
+def test_a_traceback_quoting_a_tag_like_name_stays_prose_in_the_teams_reflection():
+    task = generate_math(seed=5, n_tasks=4, splits={"sft": 1.0})[0]
+    guide = guide_for(CODE_TOOLS)
+    bad = "```python\ndef f():\n    def g(x):\n        return x\n    return g()\nprint(f())\n```"
+    obs = CODE_TOOLS["code"](bad)
+    assert "f.<locals>.g()" in obs and failed("code", obs)  # the error line names a tag-like <locals>
+    turn = guide.next_turn(guide.route(task), f"<plan>p</plan>\n<think>t</think>\n<code>{bad}</code>{OBS_OPEN}{obs}{OBS_CLOSE}")
+    steps = parse(turn.text)
+    assert [s.tag for s in steps] == ["reflection", "think", "code"] and "f.locals.g()" in steps[0].content

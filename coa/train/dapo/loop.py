@@ -393,7 +393,8 @@ def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: S
     seen: list[tuple] = []
     taught: list[tuple[Rollout | None, float]] = []
     generated: list[tuple[dict[str, Any], Rollout, bool]] = []
-    while n_kept < want and rounds < cfg.max_gen_batches:
+    rounds_max = cfg.max_gen_batches if cfg.guide.dapo_coef > 0 else 1  # DAPO off: no groups to fill
+    while n_kept < want and rounds < rounds_max:
         idx = task_stream(len(tasks), seed, state.cursor, want)
         state.cursor += want
         lo, hi = ranks.share(len(idx), every=_engine_ranks(cfg))
