@@ -90,6 +90,9 @@ def test_nightly_schedule_creates_scheduled_runs(prefect_server, tmp_path):
     [deployment] = _post(f"{api}/deployments/filter", {"deployments": {"name": {"any_": ["nightly"]}}})
     assert [s["schedule"]["cron"] for s in deployment["schedules"]] == [schedule["cron"]]
     assert all(s["active"] for s in deployment["schedules"])
+    # no pull step in prefect.yaml: the deployment runs in the deployer's clone, by its absolute path (docs/team.md)
+    assert deployment["pull_steps"] == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": str(repo)}}], deployment["pull_steps"]
 
     start, runs = time.time(), []
     while time.time() < start + 120 and len(runs) < 3:  # the scheduler's minimum: 3 runs ahead
