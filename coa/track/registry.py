@@ -90,9 +90,9 @@ def workspace_description(model_dir: Path, accuracy: float | None = None, digest
     parts = [f"eval accuracy {accuracy:.4f} (metrics/eval.json)"] if accuracy is not None else []
     parts.append(f"git commit {git_commit()}")
     digest = digest or dvc_md5(model_dir)
-    locked = locked_outs().get(model_dir.as_posix().rstrip("/"))
+    locked = locked_outs().get(Path(os.path.relpath(model_dir)).as_posix())  # dvc.lock's paths: from the root
     where = ("as dvc.lock records it" if locked == digest else "not in dvc.lock" if locked is None
-             else f"dvc.lock records {locked}: the folder is not the locked one")
+             else f"dvc.lock then recorded {locked}: a run not yet locked, or a changed folder")
     parts.append(f"DVC md5 of {model_dir} {digest} ({where})")
     return "; ".join(parts)
 
