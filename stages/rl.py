@@ -34,7 +34,7 @@ import polars as pl
 
 from coa.config import derive_seed, to_dict
 from coa.device import compute_facts, resolve_dtype
-from coa.io import first_per_domain, md5_path, read_table, write_json
+from coa.io import first_per_domain, read_table, write_json
 from coa.model import load_pretrained
 from coa.prompts import render_prompt
 from coa.rewards import RewardSpec
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
                    "engine": rate, "web": close_store(store)}  # the main rank's requests
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
                  metrics["reward_first_fifth"], metrics["reward_last_fifth"], kl)
-        # the content hash lets `coa promote` find the version that is the workspace's models/rl
-        st.register(out, cfg.register_as, {"coa.model_md5": md5_path(out)})
+        # tagged with the md5 DVC records for models/rl: `coa promote` finds this version by it
+        st.register(out, cfg.register_as)
         st.finish(metrics)
         shutil.rmtree(st.args.checkpoints, ignore_errors=True)
 
