@@ -23,8 +23,9 @@ every decoder layer in backward (coa.train.kit.gradient_checkpointing, for the l
 stops the forward at the final hidden states of the N targets (coa.train.kit.target_hidden) and takes each token's
 cross-entropy as minus coa.train.kit.chunked_token_logprobs, that many positions at a time: the float32 logits
 exist one chunk at a time and backward recomputes them (0: the [N, V] logits of the whole micro-batch at once).
-Under ZeRO-3 every chunk gathers the lm head's shards, so every rank runs as many chunks in a micro-batch as the
-rank with the most targets there (counted from the step's rows, which every rank knows: no collective). Neither
+Under ZeRO-3 the lm head's shards are gathered once per micro-batch whatever its chunks (coa.train.head: one call of
+the head module); every rank still runs as many chunks as the rank with the most targets there (counted from the
+step's rows, which every rank knows: no collective). Neither
 changes a figure beyond rounding, and neither is part of what a checkpoint is valid for.
 
 Attention. ``attention="varlen"`` (default) registers the attention function ``coa_varlen`` with

@@ -13,7 +13,10 @@ ZeRO-3). "stop": N ends every rank after step N (its checkpoint written). The me
 test_dapo_memory.py): "dtype" (float32), "gc" (rl.gradient_checkpointing), "chunk" (rl.logprob_chunk); "kl" with
 "ref" (a saved copy of the policy): rl.kl_coef against coa.train.dapo.reference_model(ref), what it holds on
 each rank written to OUT/ref-<r>.json; "save": rank 0 writes the result with coa.train.kit.save_trained to
-OUT/saved and DeepSpeed's float32 master weights to OUT/master.pt.
+OUT/saved and DeepSpeed's float32 master weights to OUT/master.pt. "count_head" (ZeRO-3): DeepSpeed's all-gathers whose
+parameters hold the lm head's weight, counted per forward of the whole model (a row of the update, a filler
+included; its backward counted with it), each row's chunks of the head, and the RL step of every time DeepSpeed
+dropped its prefetch trace ("Invalidate trace cache"), written to OUT/head-<r>.json.
 """
 
 from __future__ import annotations
@@ -91,6 +94,43 @@ class RecordingEngine:
             yield chunk
 
 
+def count_head(model: torch.nn.Module, step: list[int]) -> dict:
+    """Count, per forward of ``model`` (the root module: a row of the update), DeepSpeed ZeRO-3's all-gathers whose
+    parameters hold the lm head's weight and the chunks the head ran in (coa.train.head.chunk_bounds); note the RL
+    step (``step[0]``) of every trace invalidation. The dict fills in as the run goes."""
+    import deepspeed.runtime.zero.partitioned_param_coordinator as ppc
+
+    import coa.train.head
+
+    found = {"rows": [], "invalidated_at_step": []}  # rows: [all-gathers touching the head, chunks]
+    weight = model.lm_head.weight
+    coordinator = ppc.PartitionedParameterCoordinator
+    gather = coordinator._PartitionedParameterCoordinator__all_gather_params
+    invalidate = coordinator._invalidate_trace
+    bounds = coa.train.head.chunk_bounds
+
+    def counted(self, params, forward):
+        if found["rows"] and any(p is weight for p in params):
+            found["rows"][-1][0] += 1
+        return gather(self, params, forward)
+
+    def noted(self):
+        found["invalidated_at_step"].append(step[0])
+        return invalidate(self)
+
+    def chunks(n, chunk, min_chunks=1):
+        out = bounds(n, chunk, min_chunks)
+        if found["rows"]:
+            found["rows"][-1][1] = max(found["rows"][-1][1], len(out))
+        return out
+
+    coordinator._PartitionedParameterCoordinator__all_gather_params = counted
+    coordinator._invalidate_trace = noted
+    coa.train.head.chunk_bounds = chunks
+    model.register_forward_pre_hook(lambda *_: found["rows"].append([0, 0]))
+    return found
+
+
 def main() -> None:
     spec, out, ckpt = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +171,8 @@ def main() -> None:
             "full_numel": sum(getattr(p, "ds_numel", p.numel()) for p in params)}))
     tok = make_tokenizer()
     model = scripted_qwen2(tok, WEB_SCRIPT)
+    step = [1]  # the RL step under way (log_fn moves it on)
+    head = count_head(model, step) if spec.get("count_head") else None
     if cfg.deepspeed.enabled:  # DeepSpeed's module trains; the engine rolls out its own copy
         engine = HFEngine(copy.deepcopy(model), tok, max_batch=16)
         if spec.get("record"):
@@ -138,8 +180,9 @@ def main() -> None:
     else:
         engine = HFEngine(model, tok, max_batch=16)
 
-    def log_fn(step: int, metrics: dict) -> None:
-        if step == spec.get("stop"):
+    def log_fn(done: int, metrics: dict) -> None:
+        step[0] = done + 1
+        if done == spec.get("stop"):
             raise SystemExit(3)
 
     result = train_dapo(model, tok, TASKS, cfg, engine=engine, limits=LIMITS, tools_factory=Recorder(), score=score,
@@ -150,6 +193,8 @@ def main() -> None:
     info = {"groups": result.groups, "resumed_from": result.resumed_from,
             "history": [{k: h[k] for k in keep if k in h} for h in result.history]}
     (out / f"rank{rank}.json").write_text(json.dumps(info))
+    if head is not None:
+        (out / f"head-{rank}.json").write_text(json.dumps(head))
     if isinstance(engine, RecordingEngine):
         torch.save({"received": engine.received, "chunks": engine.chunks,
                     "engine": {n: p.detach().clone() for n, p in engine.inner.model.named_parameters()}},
