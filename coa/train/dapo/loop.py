@@ -18,7 +18,7 @@ import torch
 from coa.device import release_gpu_cache, resolve_dtype
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
 from coa.rollout.weights import send_weights, transfer_for
-from coa.train import kit
+from coa.train import collective, kit
 from coa.train.dapo.engine import engine_group
 from coa.train.dapo.loss import group_advantages, keep_groups
 from coa.train.dapo.ranks import Ranks, ZeroStep, check_checkpoint, check_launch, zero_settings, zero_trainer
@@ -165,8 +165,9 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
         """The rollout engine gets the trained weights (every rank calls: ZeRO-3 gathers module by module, and a
         rank without an engine, in a tensor-parallel engine's group, walks the gathers with the others and lends
         its GPU's buckets). An engine asleep during the update (vLLM's sleep mode) wakes its weights only after
-        every rank has returned its cached CUDA memory (the update's) to the device, and its KV cache after the
-        sync, once the sync's buckets are released too (verl's order)."""
+        every rank has returned its cached CUDA memory (the update's) to the device, and its KV cache (by its tag:
+        never a tag that is awake) after the sync, once the sync's buckets are released on both sides (the engine
+        empties its workers' cache after a sync; verl's, SkyRL's and TRL's order)."""
         release_gpu_cache()
         ranks.barrier()  # every rank's cache released before an engine on its GPU maps memory back
         _wake(engine, ["weights"])
@@ -179,7 +180,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
             for _ in weights:
                 pass
         release_gpu_cache()
-        _wake(engine, None)
+        _wake(engine, ["kv_cache"])
 
     state = _State()
     if ckpt is not None:
@@ -207,6 +208,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
                                        seed, step, ranks=ranks))
             scheduler.step()
         sync()
+        metrics.update(collective.memory_by_rank("rl", step + 1))  # each rank's allocated, reserved, device free
         metrics.update({"rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
                         "step_s": time.perf_counter() - t0, "lr": scheduler.get_last_lr()[0]})
         state.history.append({"step": step + 1, **metrics})
@@ -292,8 +294,8 @@ def _resume(ckpt: Path, key: str, model: Any, optimizer: Any, scheduler: Any, ra
     return _State(meta["step"], meta["cursor"], meta["history"], meta["groups"])
 
 
-def _wake(engine: Any, tags: list[str] | None) -> None:
-    """Wake ``tags`` of an engine that sleeps during the update (all of it: None); nothing for other engines."""
+def _wake(engine: Any, tags: list[str]) -> None:
+    """Wake ``tags`` ("weights", "kv_cache") of an engine that sleeps during the update; nothing for other engines."""
     if engine is not None and hasattr(engine, "wake_up"):
         engine.wake_up(tags)
 
