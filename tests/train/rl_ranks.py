@@ -94,6 +94,20 @@ class RecordingEngine:
             yield chunk
 
 
+def partition_all() -> None:
+    """ZeRO-3 keeps parameters under 1e5 elements whole (all of these tiny models'): partition every one."""
+    import coa.train.zero
+
+    build = coa.train.zero.deepspeed_config
+
+    def config(*args, **kwargs):
+        out = build(*args, **kwargs)
+        out["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+        return out
+
+    coa.train.zero.deepspeed_config = config
+
+
 def count_head(model: torch.nn.Module, step: list[int]) -> dict:
     """Count, per forward of ``model`` (the root module: a row of the update), DeepSpeed ZeRO-3's all-gathers whose
     parameters hold the lm head's weight and the chunks the head ran in (coa.train.head.chunk_bounds); note the RL
@@ -136,17 +150,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))
     cfg = rl_cfg(spec)
-    if spec.get("partition_all"):  # ZeRO-3 keeps parameters under 1e5 elements whole (all of this tiny model's)
-        import coa.train.zero
-
-        build = coa.train.zero.deepspeed_config
-
-        def partition_all(*args, **kwargs):
-            config = build(*args, **kwargs)
-            config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-            return config
-
-        coa.train.zero.deepspeed_config = partition_all
+    if spec.get("partition_all"):
+        partition_all()
     if spec.get("save") and cfg.deepspeed.enabled:  # beside the result: DeepSpeed's float32 master weights
         import coa.train.dapo.loop
         from coa.train.zero import deepspeed_full_model

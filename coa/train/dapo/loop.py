@@ -54,6 +54,9 @@ class DapoResult:
     resumed_from: int
     wall_s: float
     groups: list[list[str]] = field(default_factory=list)  # per step, the kept groups ("round:task_id#position")
+    # what trained, on every rank: the DeepSpeed engine (ZeRO-3: sharded, in the training dtype on the rank's device)
+    # or the model in one process; the held-out KL runs on it (coa.train.dapo.heldout.trained_kl)
+    trained: Any = None
 
     def metrics(self, n_tasks: int, heldout: int, kl: float) -> dict[str, Any]:
         """metrics/rl.json: reward and accuracy over the first and last fifth of the steps, groups kept,
@@ -229,19 +232,20 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     if final is not None:
         final.eval()
     return DapoResult(model=final, steps=cfg.steps, history=state.history, resumed_from=resumed_from,
-                      wall_s=time.perf_counter() - start_wall, groups=state.groups)
+                      wall_s=time.perf_counter() - start_wall, groups=state.groups, trained=run)
 
 
-def reference_model(policy_path: str | Path, cfg: Any) -> Any:
+def reference_model(policy_path: str | Path, cfg: Any, always: bool = False) -> Any:
     """The frozen reference of the KL term for train_dapo's ``ref_model``: the starting policy at ``policy_path``
-    (a Hugging Face folder); None when ``cfg.kl_coef`` is 0 (no KL term). Every rank calls it.
+    (a Hugging Face folder); None when ``cfg.kl_coef`` is 0 (no KL term) unless ``always`` (the held-out KL after
+    training: coa.train.dapo.heldout). Every rank calls it.
 
     One process: the model in float32 (train_dapo moves it to the update's device; its forwards autocast as the
     policy's). DeepSpeed ZeRO-3: loaded sharded (``zero3_loading``: each rank reads only its shard) into a DeepSpeed
     inference engine with the policy's ZeRO-3 config and no optimizer (coa.train.zero.deepspeed_inference): 2 B a
     parameter over the ranks in bf16, never a full copy per rank. ZeRO-1/2 shard no parameters: a model per rank,
     which train_dapo casts to the policy's dtype."""
-    if cfg.kl_coef <= 0:
+    if cfg.kl_coef <= 0 and not always:
         return None
     from coa.model import load_pretrained
 
