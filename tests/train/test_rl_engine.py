@@ -236,3 +236,48 @@ def test_a_gpu_share_that_cannot_hold_the_model_stops_in_one_line(tmp_path):
     assert "\n" not in str(err.value) and "gpu_memory_utilization 0.2" in str(err.value)
     check_vllm_share(replace(small, vllm=replace(small.vllm, tensor_parallel_size=2)), str(tmp_path), gpu_bytes=10_000)
     check_vllm_share(cfg, str(tmp_path), gpu_bytes=10_000)  # 0.4: 4,000 B hold it
+
+
+@pytest.mark.parametrize("visible,tp,rank,want", [
+    (None, 1, 3, ["3"]),                       # one engine per rank: the rank's own GPU
+    (None, 4, 4, ["4", "5", "6", "7"]),        # a tensor-parallel engine: its group's GPUs, started by rank 4
+    ("7,6,5,4,3,2,1,0", 2, 2, ["5", "4"]),     # the launcher's own numbering, read through CUDA_VISIBLE_DEVICES
+    (None, 8, 0, [str(i) for i in range(8)]),  # 32B: one engine over the node
+])
+def test_each_engine_starts_on_its_ranks_gpus(monkeypatch, visible, tp, rank, want):
+    """rl_engine on a stand-in node of 8 GPUs: the engine of a rank (or of a tensor-parallel group's first rank) is
+    made with CUDA_VISIBLE_DEVICES naming its GPUs (vLLM's processes inherit it; the rank's own variable is restored
+    after), the other ranks of a group make none; recorded where VLLMEngine would start."""
+    import coa.rollout.vllm
+    import coa.train.dapo.engine as E
+
+    started = []
+
+    class Recording:
+        def __init__(self, path, **kwargs):
+            started.append({"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), **kwargs})
+
+    monkeypatch.setattr(coa.rollout.vllm, "VLLMEngine", Recording)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(E, "rank_device", lambda: torch.device("cpu"))  # torch.cuda.set_device needs a GPU
+    monkeypatch.setattr(E, "check_vllm_share", lambda cfg, path: None)
+    monkeypatch.setattr(E, "release_gpu_cache", lambda: None)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    cfg = load_params(ROOT / "params.yaml").rl
+    cfg = replace(cfg, engine=replace(cfg.engine, kind="vllm", vllm=replace(cfg.engine.vllm, tensor_parallel_size=tp)))
+    E.rl_engine(cfg, "models/sft", None, None)
+    assert [s["visible"].split(",") for s in started] == [want]
+    assert started[0]["tensor_parallel_size"] == tp and os.environ.get("CUDA_VISIBLE_DEVICES") == visible
+    started.clear()
+    monkeypatch.setenv("RANK", str(rank + 1))  # the next rank: its own engine, or none inside a group
+    monkeypatch.setenv("LOCAL_RANK", str(rank + 1))
+    if rank + 1 < 8:
+        E.rl_engine(cfg, "models/sft", None, None)
+        assert len(started) == (1 if tp == 1 else 0)
