@@ -31,7 +31,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from gpu_figures import count_head  # noqa: E402 - bench/'s, which bench/gpu_row.py counts with on a GPU
 
 from coa.config import DeepSpeedConfig, load_params  # noqa: E402
 from coa.prompts import render_prompt  # noqa: E402
@@ -106,43 +108,6 @@ def partition_all() -> None:
         return out
 
     coa.train.zero.deepspeed_config = config
-
-
-def count_head(model: torch.nn.Module, step: list[int]) -> dict:
-    """Count, per forward of ``model`` (the root module: a row of the update), DeepSpeed ZeRO-3's all-gathers whose
-    parameters hold the lm head's weight and the chunks the head ran in (coa.train.head.chunk_bounds); note the RL
-    step (``step[0]``) of every trace invalidation. The dict fills in as the run goes."""
-    import deepspeed.runtime.zero.partitioned_param_coordinator as ppc
-
-    import coa.train.head
-
-    found = {"rows": [], "invalidated_at_step": []}  # rows: [all-gathers touching the head, chunks]
-    weight = model.lm_head.weight
-    coordinator = ppc.PartitionedParameterCoordinator
-    gather = coordinator._PartitionedParameterCoordinator__all_gather_params
-    invalidate = coordinator._invalidate_trace
-    bounds = coa.train.head.chunk_bounds
-
-    def counted(self, params, forward):
-        if found["rows"] and any(p is weight for p in params):
-            found["rows"][-1][0] += 1
-        return gather(self, params, forward)
-
-    def noted(self):
-        found["invalidated_at_step"].append(step[0])
-        return invalidate(self)
-
-    def chunks(n, chunk, min_chunks=1):
-        out = bounds(n, chunk, min_chunks)
-        if found["rows"]:
-            found["rows"][-1][1] = max(found["rows"][-1][1], len(out))
-        return out
-
-    coordinator._PartitionedParameterCoordinator__all_gather_params = counted
-    coordinator._invalidate_trace = noted
-    coa.train.head.chunk_bounds = chunks
-    model.register_forward_pre_hook(lambda *_: found["rows"].append([0, 0]))
-    return found
 
 
 def main() -> None:
