@@ -58,6 +58,27 @@ def vllm_options(cfg: Any) -> dict[str, Any]:
     return options
 
 
+def node_engines(cfg: Any, gpus: int | None = None) -> dict[str, Any]:
+    """VLLMEngine's keywords that put a rollout stage's engine on every GPU of the node: vLLM's data parallelism, one
+    AsyncLLM over ``data_parallel_size`` engine cores, each on ``tensor_parallel_size`` GPUs of its own at the
+    section's ``gpu_memory_utilization``, requests balanced among them (vLLM 0.32: vllm/v1/engine/core_client.py,
+    ``DPLBAsyncMPClient``; each core's GPUs from ``get_physical_gpu_ids_for_local_dp_rank``, vllm/v1/engine/utils.py).
+    ``vllm.data_parallel_size`` 0: as many engines as the visible GPUs (``gpus``: torch's count) hold; {} for one
+    engine (one GPU, none, or a tensor-parallel engine over all of them). Not rl's: it runs one engine per group of
+    ranks (coa.train.dapo.engine)."""
+    v = cfg.vllm
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    engines = v.data_parallel_size or gpus // v.tensor_parallel_size
+    if v.data_parallel_size * v.tensor_parallel_size > gpus > 0:
+        raise SystemExit(f"engine.vllm.data_parallel_size {v.data_parallel_size} x tensor_parallel_size "
+                         f"{v.tensor_parallel_size} needs {v.data_parallel_size * v.tensor_parallel_size} GPUs; this node "
+                         f"has {gpus} (0 = as many engines as fit)")
+    return {"data_parallel_size": engines} if engines > 1 else {}
+
+
 def engine_rows(cfg: Any, dtype: Any) -> int:
     """The hf engine's ``max_batch`` from an `engine:` section for an engine computing in ``dtype`` (a torch
     dtype): ``max_batch_float32`` in float32 (a KV cache of twice a bf16 row's bytes) where set, else
@@ -85,7 +106,7 @@ def engine_from(cfg: Any, model_path: str) -> Any:
                              tool_grace_s=cfg.tool_grace_s, frozen=True)  # the stages' models never change
     elif cfg.kind == "vllm":
         check_vllm_share(cfg, model_path)
-        engine = make_engine("vllm", model_path, dtype=cfg.dtype, **vllm_options(cfg))
+        engine = make_engine("vllm", model_path, dtype=cfg.dtype, **vllm_options(cfg), **node_engines(cfg))
     else:
         engine = make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
                              api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)

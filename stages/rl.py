@@ -13,13 +13,15 @@ keeps the groups whose rewards differ (dynamic sampling, up to `max_gen_batches`
 rollout of a step, before group filtering. Engine `hf` rolls out the trained weights themselves; `vllm`
 gets them after every step. Checkpoints every `checkpoint_every` steps under --checkpoints; a killed run
 started again resumes there. At the end the RL policy answers `heldout_tasks` eval-split tasks per
-domain, and KL(RL || SFT) per token is measured on those rollouts. The model is registered as
+domain, and KL(RL || SFT) per token is measured on those rollouts where the policy trained (under DeepSpeed every
+rank its share on its GPU, in the training dtype: coa.train.dapo.heldout). The model is registered as
 `rl.register_as` (coa-policy).
 
 Many GPUs (configs/paper.yaml: `rl.deepspeed` ZeRO-3 over NCCL, `rl.engine.kind: vllm`): `dvc repro rl` launches
 `rl.deepspeed.processes` ranks itself (coa.launch), or run it under `deepspeed --num_gpus 8 --module stages.rl`.
 Each rank rolls out its share of a step's groups with its engine (coa.train.dapo.engine), which gets the trained
-weights module by module after every step; rank 0 alone writes the outputs, logs and measures the held-out KL.
+weights module by module after every step; rank 0 alone writes the outputs and logs; every rank measures its share
+of the held-out KL.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ from coa.rewards import RewardSpec
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, judge_from, tools_factory
 from coa.tools.webcache import close_store, stage_store
-from coa.train.dapo import heldout_kl, reference_model, reward_score, train_dapo
+from coa.train.dapo import reference_model, reward_score, train_dapo
 from coa.train.dapo.engine import close_engine, rl_engine
 from coa.train.dapo.guided import guided_from
+from coa.train.dapo.heldout import trained_kl
 from coa.train.dapo.ranks import check_launch, zero_settings
 from coa.train.kit import save_trained
 from coa.train.zero import zero3_loading
@@ -94,28 +97,26 @@ def main(argv: list[str] | None = None) -> None:
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
                             seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step if main_rank else None,
                             ref_model=ref, guided=guided)
+        # KL(RL || SFT) on held-out rollouts of the RL policy (eval-split tasks, never trained on): rank 0 rolls them
+        # out, every rank scores its share where it trained (coa.train.dapo.heldout), the engines closed first
+        heldout = first_per_domain(tasks.filter(pl.col("split") == "eval"), cfg.heldout_tasks).to_dicts() \
+            if cfg.heldout_tasks else []
+        rollouts = []
+        if heldout and main_rank:
+            requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"],
+                                t["question"]) for t in heldout]
+            rollouts = engine.rollout(requests, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed),
+                                      agent_limits(agent), tools)
+        rate = engine.throughput() if main_rank else None  # decode steps per batch size: bench/rollout.py --stages
+        close_engine(engine)
+        kl = trained_kl(result.trained, st.args.policy, cfg, rollouts, tok.pad_token_id) if heldout else float("nan")
+        result.trained = None
         if not main_rank:
-            close_engine(engine)
             return
 
         out = save_trained(result.model, tok, st.args.out, {"common": to_dict(st.params.common), "rl": to_dict(cfg)},
                            st.args.policy, "sft_model")
         write_json(st.args.plots, result.plot_rows())
-
-        # KL(RL || SFT) on held-out rollouts of the RL policy (eval-split tasks, never trained on)
-        heldout = first_per_domain(tasks.filter(pl.col("split") == "eval"), cfg.heldout_tasks).to_dicts() \
-            if cfg.heldout_tasks else []
-        kl = float("nan")
-        if heldout:
-            requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"],
-                                t["question"]) for t in heldout]
-            rollouts = engine.rollout(requests, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed),
-                                      agent_limits(agent), tools)
-            sft_model = load_pretrained(st.args.policy, next(result.model.parameters()).dtype)[0]
-            kl = heldout_kl(result.model, sft_model, rollouts, cfg.temperature, tok.pad_token_id)
-
-        rate = engine.throughput()  # decode steps per batch size: bench/rollout.py --stages
-        close_engine(engine)
         metrics = {**result.metrics(len(train), len(heldout), kl), "policy_tokens_per_s": rate["policy_tokens_per_s"],
                    "engine": rate, "web": close_store(store)}  # the main rank's requests
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,

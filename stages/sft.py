@@ -12,7 +12,8 @@ coa.train.sft.train_sft; every `sft.checkpoint_every` steps it writes a resumabl
 the folder is removed once the model is written. Step metrics (loss, lr, grad norm, tokens/s) go to
 MLflow and the loss curve to `--plots`; `heldout.*` metrics are coa.eval.diagnostics.teacher_forced on
 `--heldout` (teacher trajectories of eval tasks, never trained on): token, answer and copied-token
-accuracy; the model is logged and registered as `sft.register_as`.
+accuracy, run on the model as it trained (under DeepSpeed every rank its share, on its GPU, in the training dtype,
+the lm head in `sft.logprob_chunk` chunks); the model is logged and registered as `sft.register_as`.
 
 Many GPUs: set `sft.deepspeed.enabled: true` and `dist_backend: nccl` (configs/paper.yaml), then
 
@@ -79,6 +80,12 @@ def main(argv: list[str] | None = None) -> None:
 
         result = train_sft(model, examples, cfg, seed=derive_seed(seed, "sft"), pad_id=tok.pad_token_id,
                            ckpt_dir=st.args.checkpoints, log_fn=log_step if main_rank else None)
+        heldout = read_table(st.args.heldout, Trajectory).sort("task_id").to_dicts()
+        if {r["task_id"] for r in heldout} & {r["task_id"] for r in records}:
+            raise SystemExit(f"{st.args.heldout} shares tasks with {st.args.trajectories}: it must hold eval tasks only")
+        # the diagnostics where the model trained: every rank its share, on its device, in the training dtype
+        figures = teacher_forced(result.trained, tok, heldout, cfg.max_len, chunk=cfg.logprob_chunk, share=True)
+        result.trained = None
         if not main_rank:
             return
 
@@ -86,10 +93,7 @@ def main(argv: list[str] | None = None) -> None:
                            st.args.base, "base_model")
         write_json(st.args.plots, result.plot_rows())
         metrics = result.metrics(examples, truncated, [r["domain"] for r in records])
-        heldout = read_table(st.args.heldout, Trajectory).sort("task_id").to_dicts()
-        if {r["task_id"] for r in heldout} & {r["task_id"] for r in records}:
-            raise SystemExit(f"{st.args.heldout} shares tasks with {st.args.trajectories}: it must hold eval tasks only")
-        metrics.update({f"heldout.{k}": v for k, v in teacher_forced(result.model, tok, heldout, cfg.max_len).items()})
+        metrics.update({f"heldout.{k}": v for k, v in figures.items()})
         log.info("sft: %d steps, %.0f tokens/s, loss %.3f -> %.3f", result.steps, result.tokens_per_s,
                  result.first_loss, result.final_loss)
         st.register(out, cfg.register_as)

@@ -19,6 +19,10 @@ class VllmConfig:
     tensor_parallel_size: int = _help(
         "GPUs one engine spans: in rl one engine per group of this many consecutive ranks, on their devices (it "
         "must divide the ranks); elsewhere the GPUs of the one engine.", default=1)
+    data_parallel_size: int = _help(
+        "difficulty, solve_filter, eval: engines over the node's GPUs, each on tensor_parallel_size GPUs of its own at "
+        "gpu_memory_utilization, requests balanced among them (vLLM's data parallelism); 0 = as many as the visible "
+        "GPUs hold, 1 = one engine. rl ignores it (one engine per group of ranks).", default=0)
     sleep: bool = _help(
         "rl: the engine sleeps during every update (vLLM's sleep mode level 2: its KV cache and weights released "
         "from the GPU, the weights discarded since the sync rewrites them) and wakes for the sync and the "
@@ -35,6 +39,7 @@ class VllmConfig:
     def __post_init__(self) -> None:
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be within (0, 1]")
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
+        _require(self.data_parallel_size >= 0, "data_parallel_size", "must be >= 0 (0 = every GPU of the node)")
         _require(self.max_model_len >= 0, "max_model_len", "must be >= 0 (0 = the model's own)")
         _require(self.cpu_kv_cache_gb >= 1, "cpu_kv_cache_gb", "must be >= 1 (whole GiB)")
 

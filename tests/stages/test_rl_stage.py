@@ -83,7 +83,7 @@ def test_paper_preset_rl_runs_on_two_gloo_ranks(tmp_path):
     trained = (tmp_path / "models/rl/model.safetensors").read_bytes()
     assert trained != (tmp_path / "models/sft/model.safetensors").read_bytes()
     assert not (tmp_path / ".cache/rl").exists()
-    # rank 0 alone measured the held-out KL, wrote the outputs and logged the run
+    # every rank measured its share of the held-out KL; rank 0 alone wrote the outputs and logged the run
     assert (proc.stdout + proc.stderr).count("KL(RL||SFT)") == 1
 
     import mlflow
