@@ -78,7 +78,7 @@ def measure(tokenizer_folder: Path, seed: int = 0, steps: int = 2, device: str =
     sleep (the CPU build has none), the bytes transport only; the same calls in the same order otherwise."""
     cuda = device == "cuda"
     import torch
-    from gpu import build_student
+    from gpu_student import build_student
 
     from coa.config import load_params
     from coa.model import save_pretrained

@@ -32,9 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from coa.format import FormatError, check_transitions, code_source, parse
-from coa.tools import TOOL_TAGS
+from coa.format import FormatError, check_transitions, parse
 from coa.tools.sandbox import SandboxLimits, run_python
+from coa.tools.spec import TOOL_TAGS, code_source
 
 __all__ = ["LLMJudge", "Reward", "RewardSpec", "check", "check_code", "check_math", "check_web", "f1", "format_ok",
            "normalise_answer", "overlong_penalty", "repeated_tool_calls", "reward"]

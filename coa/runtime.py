@@ -132,7 +132,7 @@ def judge_from(cfg: JudgeConfig) -> Any:
 def tools_factory(cfg: ToolsConfig, index_dir: str, store: Any = None) -> Any:
     """``tools(request)`` for rollouts: a fresh ToolSession per trajectory over `common.tools` (cfg), its goal
     the request's question; `store` the stage's web_cache (web_store)."""
-    from coa.tools import ToolSession, build_tools
+    from coa.tools.session import ToolSession, build_tools
 
     tools = build_tools(cfg, index_dir=index_dir, store=store)
     cap = cfg.max_observation_chars

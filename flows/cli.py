@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coa.tools import TOOL_TAGS
+from coa.tools.spec import TOOL_TAGS
 
 STYLES = {"plan": "bold cyan", "think": "dim", "reflection": "magenta", "double_check": "magenta",
           "suggested_answer": "yellow", "answer": "bold green", "observation": "grey50",
@@ -81,7 +81,7 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
     from coa.rollout.loop import decode
     from coa.rollout.types import Request, Sampling
     from coa.runtime import agent_limits
-    from coa.tools import ToolSession, build_tools
+    from coa.tools.session import ToolSession, build_tools
 
     params = load_params(params_path)
     index_dir = index if Path(index).is_dir() else None  # without the index: the code tool alone

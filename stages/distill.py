@@ -30,6 +30,7 @@ from typing import Any
 import polars as pl
 from transformers import AutoTokenizer
 
+import coa.bm25
 import coa.teacher
 import coa.tools
 from coa.config import to_dict
@@ -54,8 +55,9 @@ from stages._stage import Stage
 
 
 def _cache_salt(params: Any, index_dir: str) -> str:
-    """What a cached transcript depends on besides its task: teacher params, team/tool source, the index."""
-    src = [md5_path(Path(coa.teacher.__file__).parent), md5_path(Path(coa.tools.__file__).parent)]
+    """What a cached transcript depends on besides its task: teacher params, team/tool source (BM25 too), the index."""
+    src = [md5_path(Path(coa.teacher.__file__).parent), md5_path(Path(coa.tools.__file__).parent),
+           md5_path(Path(coa.bm25.__file__))]
     docs = Path(index_dir) / "docs.json"
     blob = json.dumps([to_dict(params.distill.teacher), to_dict(params.distill.offline), to_dict(params.distill.limits),
                        to_dict(params.common.tools), src, md5_path(docs) if docs.exists() else ""], sort_keys=True)

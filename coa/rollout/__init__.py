@@ -1,7 +1,7 @@
 """Multi-turn agent rollouts over one Engine protocol; engines: hf (transformers), vllm, openai (HTTP).
 
     from coa.rollout import make_engine, Request, Sampling, Limits
-    from coa.tools import ToolSession, build_tools
+    from coa.tools.session import ToolSession, build_tools
     engine = make_engine("hf", "models/base", max_batch=32)
     tools = build_tools(params.common.tools, index_dir="data/index")
     requests = [Request(f"{t['task_id']}#{i}", render_prompt(engine.tokenizer, t["question"], t["domain"]),

@@ -40,7 +40,7 @@ from coa.prompts import system_prompt
 from coa.rewards import check, f1, format_ok
 from coa.teacher import Team, TeamLimits, Transcript, run_team, team_factory
 from coa.teacher.trajectory import FILTERS, Filters, Shape, filter_reason, linearise, shape
-from coa.tools import ToolSession, build_tools
+from coa.tools.session import ToolSession, build_tools
 
 log = logging.getLogger(__name__)
 

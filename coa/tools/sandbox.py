@@ -63,8 +63,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from coa.format import truncate
 from coa.tools import supervisor
+from coa.tools.observation import truncate
 
 log = logging.getLogger(__name__)
 
