@@ -14,13 +14,13 @@ The examples are generic and name nothing from the task worlds.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
+from coa.io import first_per
 from coa.rewards import check
 from coa.rollout.types import Engine, Limits, Request, Sampling
 
@@ -105,12 +105,9 @@ def to_ask(tasks: Sequence[Mapping[str, Any]], domains: Sequence[str], splits: S
            max_tasks: int) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
     """(asked, unchecked): the covered tasks, the first ``max_tasks`` of each domain and split in the given
     (task_id) order (0 = all), and the covered ones beyond that, which are not asked and not kept."""
-    asked, unchecked, seen = [], [], Counter()
-    for task in tasks:
-        if covered(task, domains, splits):
-            seen[task["domain"], task["split"]] += 1
-            (asked if not max_tasks or seen[task["domain"], task["split"]] <= max_tasks else unchecked).append(task)
-    return asked, unchecked
+    todo = [task for task in tasks if covered(task, domains, splits)]
+    first = first_per([(task["domain"], task["split"]) for task in todo], max_tasks)
+    return [t for t, f in zip(todo, first, strict=True) if f], [t for t, f in zip(todo, first, strict=True) if not f]
 
 
 def task_stats(tasks: Sequence[Mapping[str, Any]], samples: Mapping[str, Sequence[str]], max_pass_rate: float,
