@@ -186,8 +186,8 @@ def run_rl(start_model: Any, tok: Any, params: Any, ds: Any, args: argparse.Name
     """DAPO steps through coa.train.dapo.train_dapo under DeepSpeed, rolled out by the hf engine on ``device``."""
     from coa.device import resolve_dtype
     from coa.prompts import render_prompt
+    from coa.rollout.engines import make_engine
     from coa.rollout.fused import unsupported
-    from coa.rollout.hf import HFEngine
     from coa.runtime import agent_limits
     from coa.train.dapo import train_dapo
 
@@ -209,8 +209,9 @@ def run_rl(start_model: Any, tok: Any, params: Any, ds: Any, args: argparse.Name
     dtype = resolve_dtype(args.dtype, device)
     policy = copy.deepcopy(start_model).to(device=device, dtype=dtype)
     # on CUDA the engine runs transformers' forward (its fused decoder is CPU-only); the dry run takes that path too
-    engine = TimedEngine(HFEngine(policy, tok, max_batch=args.max_batch or params.rl.engine.max_batch,
-                                  fused=device != "cpu"), memory)
+    engine = TimedEngine(make_engine("hf", None, model=policy, tokenizer=tok,
+                                     max_batch=args.max_batch or params.rl.engine.max_batch, fused=device != "cpu"),
+                         memory)
     at_start = memory.now()  # what the SFT phase left allocated, and the engine's copy
 
     def log_step(step: int, m: dict) -> None:

@@ -25,8 +25,8 @@ from coa.config import derive_seed
 from coa.device import compute_facts
 from coa.filters.difficulty import rejects, sample_closed_book, summary, task_stats, to_ask
 from coa.io import read_table, write_rejects, write_table
+from coa.rollout.engines import close_engine, engine_dtype, engine_from
 from coa.rollout.types import Sampling
-from coa.runtime import close_engine, engine_dtype, engine_from
 from coa.tools.sandbox import check_policy
 from schemas import TASK_STATS_DTYPES, Task, TaskStats
 from stages._stage import Stage

@@ -47,7 +47,8 @@ from coa.eval.plots import publish
 from coa.eval.report import compare, eval_metrics, task_slices
 from coa.io import first_per_domain, read_table, write_table
 from coa.model import load_tokenizer
-from coa.runtime import agent_limits, close_engine, engine_dtype, engine_from, judge_from, tools_factory
+from coa.rollout.engines import close_engine, engine_dtype, engine_from
+from coa.runtime import agent_limits, judge_from, tools_factory
 from coa.tasks.adapters import load_source
 from coa.teacher.run import TeacherOutage, make_teacher, teacher_rows
 from coa.tools.webcache import close_store, stage_store

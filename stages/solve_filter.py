@@ -27,8 +27,9 @@ from coa.device import compute_facts
 from coa.eval.evaluate import evaluate
 from coa.filters.solve import decide, select, summary
 from coa.io import read_table, write_rejects, write_table
+from coa.rollout.engines import close_engine, engine_dtype, engine_from
 from coa.rollout.types import Sampling
-from coa.runtime import agent_limits, close_engine, engine_dtype, engine_from, judge_from, tools_factory
+from coa.runtime import agent_limits, judge_from, tools_factory
 from coa.tools.webcache import close_store, stage_store
 from schemas import TASK_STATS_DTYPES, Task, TaskStats, Trajectory
 from stages._stage import Stage

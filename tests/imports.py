@@ -127,7 +127,8 @@ def graph(root: Path = ROOT, tops: tuple[str, ...] = (*PACKAGES, SCRIPTS)) -> di
     return out
 
 
-def closure(module: str, root: Path = ROOT) -> set[Path]:
+@functools.cache
+def closure(module: str, root: Path = ROOT) -> frozenset[Path]:
     """The project files (relative to root) that running ``module`` reads: itself, every module it imports,
     transitively (importing a.b.c runs the packages a and a.b first), and their data files."""
     seen: set[str] = set()
@@ -143,4 +144,4 @@ def closure(module: str, root: Path = ROOT) -> set[Path]:
                         if module_file(".".join(parts[:i]), root) is not None)
     files = {module_file(name, root) for name in seen}
     files |= {data for f in list(files) for data in data_files(f)}
-    return {f.relative_to(root) for f in files if holds_code(f)}
+    return frozenset(f.relative_to(root) for f in files if holds_code(f))

@@ -11,6 +11,7 @@ data files beside a module that it names); a dep folder must be reached whole.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -22,22 +23,23 @@ CODE = ("coa", "schemas", "stages")  # the code a stage runs (flows/ and bench/ 
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
-def covered(dep: str, root: Path = ROOT) -> set[Path]:
+@functools.cache
+def covered(dep: str, root: Path = ROOT) -> frozenset[Path]:
     """The code files a code dep (a file, or a folder: every file in it) covers; {} for data deps."""
     path = root / dep.rstrip("/")
     if Path(dep).parts[0] not in CODE:
-        return set()
+        return frozenset()
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    return {p.relative_to(root) for p in files if holds_code(p)}
+    return frozenset(p.relative_to(root) for p in files if holds_code(p))
 
 
-def uncovered(files: set[Path], deps: list[str], root: Path = ROOT) -> list[str]:
+def uncovered(files: frozenset[Path], deps: list[str], root: Path = ROOT) -> list[str]:
     """The files that no dep covers."""
     cover = set().union(*(covered(d, root) for d in deps))
     return sorted(str(f) for f in files - cover)
 
 
-def unreached(files: set[Path], deps: list[str], root: Path = ROOT) -> list[str]:
+def unreached(files: frozenset[Path], deps: list[str], root: Path = ROOT) -> list[str]:
     """The code files the deps cover that the closure does not hold: a change to them reruns the stage for nothing."""
     cover = set().union(*(covered(d, root) for d in deps))
     return sorted(str(f) for f in cover - files)

@@ -68,7 +68,7 @@ class Teacher:
 
 def make_teacher(cfg: DistillConfig, tools_cfg: ToolsConfig, index_dir: str | None, store: Any = None) -> Teacher:
     """The teacher of `distill.teacher`/`offline`/`limits` with the tools of `common.tools` (`store`: the
-    web_cache's, coa.runtime.web_store)."""
+    web_cache's, coa.tools.webcache.stage_store)."""
     return Teacher(team_factory(cfg.teacher, cfg.offline), build_tools(tools_cfg, index_dir=index_dir, store=store),
                    tools_cfg.max_observation_chars, TeamLimits(**to_dict(cfg.limits)))
 
