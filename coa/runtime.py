@@ -30,10 +30,7 @@ def judge_from(cfg: JudgeConfig) -> Any:
     from coa.chat import ChatClient
     from coa.rewards import LLMJudge
 
-    client = ChatClient(cfg.base_url, cfg.model, cfg.api_key_env, timeout_s=cfg.timeout_s,
-                        max_retries=cfg.max_retries, max_concurrency=cfg.max_concurrency, temperature=0.0,
-                        max_tokens=256)
-    return LLMJudge(client, max_attempts=cfg.max_attempts)
+    return LLMJudge(ChatClient.of(cfg, temperature=0.0, max_tokens=256), max_attempts=cfg.max_attempts)
 
 
 def tools_factory(cfg: ToolsConfig, index_dir: str, store: Any = None) -> Any:

@@ -40,9 +40,7 @@ class Summariser:
     def __init__(self, cfg: Any, *, backoff_s: float = 1.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.cfg = cfg
-        self.client = ChatClient(cfg.base_url, cfg.model, cfg.api_key_env or None, timeout_s=cfg.timeout_s,
-                                 max_retries=cfg.max_retries, backoff_s=backoff_s, temperature=0.0,
-                                 max_concurrency=cfg.max_concurrency, max_tokens=cfg.max_tokens, sleep=sleep)
+        self.client = ChatClient.of(cfg, backoff_s=backoff_s, temperature=0.0, max_tokens=cfg.max_tokens, sleep=sleep)
         self.usage: Counter[str] = Counter()
         self._lock = threading.Lock()
 
