@@ -33,7 +33,7 @@ from coa.device import compute_facts, resolve_dtype
 from coa.io import first_per_domain, md5_path, read_table
 from coa.model import load_pretrained
 from coa.prompts import render_prompt
-from coa.rewards import RewardSpec
+from coa.rewards import RewardSpec, check_limits
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, judge_from, tools_factory
 from coa.tools.webcache import close_store, stage_store
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
         st.compute = compute_facts(resolve_dtype(cfg.dtype, next(model.parameters()).device))
         engine = rl_engine(cfg, st.args.policy, model, tok)  # hf beside the model, or vLLM per rank
         ref = reference_model(st.args.policy, cfg)  # None unless rl.kl_coef > 0; under ZeRO-3 sharded
-        score = reward_score(RewardSpec.of(cfg, agent.max_total_tokens), judge_from(st.params.common.judge))
+        score = reward_score(RewardSpec.of(cfg, agent.max_total_tokens, check_limits(st.params.common.tools)),
+                             judge_from(st.params.common.judge))
 
         result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent_limits(agent), tools_factory=tools,
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),

@@ -86,6 +86,12 @@ class ToolsConfig:
         "Every search answer, page and summary the web tools get: none (not kept); record (into data/web/<stage>, a DVC "
         "output: dvc push shares it); replay (answer only from that store, never the network: a rerun is byte "
         "for byte; a request it lacks is said in the observation and counted in the stage's metrics).")
+    check_cpu_time_s: int = _help(
+        "The checker's hidden tests of a code answer (coa.rewards.check_code, wherever an answer is checked): CPU "
+        "seconds per process of their sandbox call, as code_cpu_time_s is the code tool's.", default=10)
+    check_wall_time_s: float = _help("The hidden tests' wall-clock backstop per call, several times check_cpu_time_s.",
+                                     default=40.0)
+    check_output_chars: int = _help("The hidden tests' output kept and searched for the pass marker.", default=200_000)
     crawl: CrawlConfig | None = _help("crawl_provider=http: the URL policy and limits of fetching.", default=None)
     summariser: SummariserConfig | None = _help("The LLM that summarises fetched pages (crawl_provider=http).",
                                                 default=None)
@@ -101,3 +107,7 @@ class ToolsConfig:
         _require(1 <= self.code_cpu_time_s <= 600, "code_cpu_time_s", "must be in [1, 600]")
         _require(self.code_wall_time_s >= self.code_cpu_time_s, "code_wall_time_s",
                  "must be >= code_cpu_time_s (the wall clock is only a backstop)")
+        _require(1 <= self.check_cpu_time_s <= 600, "check_cpu_time_s", "must be in [1, 600]")
+        _require(self.check_cpu_time_s <= self.check_wall_time_s <= 600, "check_wall_time_s",
+                 "must be in [check_cpu_time_s, 600] (the wall clock is only a backstop)")
+        _require(self.check_output_chars >= 1, "check_output_chars", "must be >= 1")

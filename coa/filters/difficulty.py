@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from coa.io import first_per
-from coa.rewards import check
+from coa.rewards import CODE_LIMITS, check
 from coa.rollout.types import Engine, Limits, Request, Sampling
 
 CLOSED_BOOK_SYSTEM = ("Answer the question from memory with only the answer: a name, yes or no, a number or "
@@ -111,12 +111,13 @@ def to_ask(tasks: Sequence[Mapping[str, Any]], domains: Sequence[str], splits: S
 
 
 def task_stats(tasks: Sequence[Mapping[str, Any]], samples: Mapping[str, Sequence[str]], max_pass_rate: float,
-               unchecked: Sequence[Mapping[str, Any]] = ()) -> list[TaskStat]:
+               unchecked: Sequence[Mapping[str, Any]] = (), code_limits: Any = CODE_LIMITS) -> list[TaskStat]:
     """Score every sampled answer with the shared checker and decide: keep iff r_q <= max_pass_rate.
 
     ``samples`` maps task_id -> the reference's answers (closed_book_answer of each reply); a task absent
     from it was not sampled (not covered by the filter) and passes through, kept, with n_samples 0 -- unless
-    it is ``unchecked`` (covered, but beyond difficulty.max_tasks): not kept, n_samples 0.
+    it is ``unchecked`` (covered, but beyond difficulty.max_tasks): not kept, n_samples 0. A code answer's
+    hidden tests run under ``code_limits`` (coa.rewards.check_limits of common.tools).
     """
     out = []
     skipped = {t["task_id"] for t in unchecked}
@@ -128,7 +129,7 @@ def task_stats(tasks: Sequence[Mapping[str, Any]], samples: Mapping[str, Sequenc
             continue
         if not answers:
             raise ValueError(f"task {task['task_id']}: no sampled answers (n_samples must be >= 1)")
-        n_correct = sum(check(task["domain"], a, task) for a in answers)
+        n_correct = sum(check(task["domain"], a, task, limits=code_limits) for a in answers)
         r_q = n_correct / len(answers)
         out.append(TaskStat(task["task_id"], task["domain"], task["split"], len(answers), n_correct, r_q,
                             r_q <= max_pass_rate))
