@@ -94,8 +94,8 @@ def run_vllm(cuda: bool, wheels: Path, seed: int) -> dict[str, Any]:
 
 def run_sync(cuda: bool, gib: float, layers: int) -> dict[str, Any]:
     """The exact sync into a same-shaped model (checksums, negative control), then the transports' speed."""
+    from gpu_student import QWEN25_7B
     from gpu_sync import exact_sync, measure
-    from gpu_throughput import QWEN25_7B
 
     config = {**QWEN25_7B, "num_hidden_layers": layers}
     if not cuda:

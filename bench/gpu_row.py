@@ -66,7 +66,7 @@ def measure(device: str = "cuda", layers: int = 4, tokens: int = 32768, steps: i
             seed: int = 0) -> dict[str, Any]:
     """The figures of the module docstring (``device`` cpu: the dry run's shapes and sizes)."""
     import torch
-    from gpu_throughput import QWEN25_7B
+    from gpu_student import QWEN25_7B
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from coa.config import DeepSpeedConfig

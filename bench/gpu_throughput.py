@@ -30,34 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_figures import Flops, Memory, mfu, rate
-
-# Qwen2.5-7B-Instruct's shapes (its config.json): the paper preset's student, a few of its layers at a time
-QWEN25_7B = {"hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
-             "vocab_size": 152064, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-             "tie_word_embeddings": False, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
-
-
-def build_student(folder: Path, tiny: bool, seed: int, shapes: str = "smollm2", layers: int = 0) -> tuple[Any, Any]:
-    """(the model, randomly initialised in float32 on the CPU; SmolLM2's tokenizer). ``shapes``: smollm2 (SmolLM2-
-    135M-Instruct's architecture, ``layers`` or its 30) or qwen2.5-7b (Qwen2ForCausalLM at Qwen2.5-7B's width, heads
-    and vocabulary, ``layers`` of its 28, default 4: every matmul of a 7B layer at its real size). ``tiny``: 2 layers
-    of width 64 at the same vocabulary (the CPU dry run)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2Config
-
-    config = (Qwen2Config(num_hidden_layers=layers or 4, **QWEN25_7B) if shapes == "qwen2.5-7b"
-              else AutoConfig.from_pretrained(folder, local_files_only=True))
-    if layers and shapes == "smollm2":
-        config.num_hidden_layers = layers
-    if tiny:
-        config.update({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
-                       "num_key_value_heads": 1, "head_dim": 32})  # vLLM's CPU attention takes head_dim 32, not 16
-    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config.eos_token_id = sorted({tok.eos_token_id, *tok.convert_tokens_to_ids(["<|endoftext|>"])})
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model, tok
+from gpu_student import build_student
 
 
 def sft_examples(vocab: int, row_tokens: int, rows: int, seed: int) -> tuple[list, list[list[int]]]:
@@ -150,8 +123,8 @@ def run_rl(start_model: Any, tok: Any, params: Any, ds: Any, args: argparse.Name
     """DAPO steps through coa.train.dapo.train_dapo under DeepSpeed, rolled out by the hf engine on ``device``."""
     from coa.device import resolve_dtype
     from coa.prompts import render_prompt
+    from coa.rollout.engines import make_engine
     from coa.rollout.fused import unsupported
-    from coa.rollout.hf import HFEngine
     from coa.runtime import agent_limits
     from coa.train.dapo import train_dapo
 
@@ -173,8 +146,9 @@ def run_rl(start_model: Any, tok: Any, params: Any, ds: Any, args: argparse.Name
     dtype = resolve_dtype(args.dtype, device)
     policy = copy.deepcopy(start_model).to(device=device, dtype=dtype)
     # on CUDA the engine runs transformers' forward (its fused decoder is CPU-only); the dry run takes that path too
-    engine = TimedEngine(HFEngine(policy, tok, max_batch=args.max_batch or params.rl.engine.max_batch,
-                                  fused=device != "cpu"), memory)
+    engine = TimedEngine(make_engine("hf", None, model=policy, tokenizer=tok,
+                                     max_batch=args.max_batch or params.rl.engine.max_batch, fused=device != "cpu"),
+                         memory)
     at_start = memory.now()  # what the SFT phase left allocated, and the engine's copy
 
     def log_step(step: int, m: dict) -> None:

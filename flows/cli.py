@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coa.tools import TOOL_TAGS
+from coa.tools.spec import TOOL_TAGS
 
 STYLES = {"plan": "bold cyan", "think": "dim", "reflection": "magenta", "double_check": "magenta",
           "suggested_answer": "yellow", "answer": "bold green", "observation": "grey50",
@@ -74,21 +74,21 @@ def closing_line(rollout: Any) -> str:
 
 def solve(question: str, model_path: str, domain: str, index: str, params_path: str, temperature: float,
           seed: int, out: Any) -> Any:
-    """One trajectory on the rollout engine that eval uses (coa.rollout.hf), printed token by token as it is
-    drawn; returns the Rollout."""
+    """One trajectory on the rollout engine that eval uses (hf, made by coa.rollout.engines: float32 on the CPU,
+    one row), printed token by token as it is drawn; returns the Rollout."""
     from coa.config import load_params
-    from coa.model import load_pretrained
     from coa.prompts import render_prompt
-    from coa.rollout.hf import HFEngine
+    from coa.rollout.engines import make_engine
     from coa.rollout.loop import decode
     from coa.rollout.types import Request, Sampling
     from coa.runtime import agent_limits
-    from coa.tools import ToolSession, build_tools
+    from coa.tools.session import ToolSession, build_tools
 
     params = load_params(params_path)
     index_dir = index if Path(index).is_dir() else None  # without the index: the code tool alone
     tools = build_tools(params.common.tools, index_dir=index_dir)  # a strict sandbox refuses before the model loads
-    model, tok = load_pretrained(model_path)
+    engine = make_engine("hf", model_path, max_batch=1)
+    tok = engine.tokenizer
     shown = ""
 
     def show(traj: Any) -> None:
@@ -99,7 +99,7 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
             shown = text
 
     request = Request("solve", render_prompt(tok, question, domain), domain, question)
-    [rollout] = HFEngine(model, tok, max_batch=1).rollout(
+    [rollout] = engine.rollout(
         [request], Sampling(temperature=temperature, seed=seed), agent_limits(params.common.agent),
         lambda _r: ToolSession(tools, params.common.tools.max_observation_chars), on_token=show)
     out.print()

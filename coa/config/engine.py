@@ -1,4 +1,5 @@
-"""The `engine:` sections (difficulty, solve_filter, rl, eval): how a policy is run, and vLLM's settings.
+"""The `engine:` sections (difficulty, solve_filter, rl, eval): how a policy is run, and vLLM's settings; kind openai
+reaches its server as an endpoint (coa.config.endpoint: base_url, api_key_env; the served model is served_model).
 
     from coa.config import EngineConfig, VllmConfig
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from coa.config.endpoint import EndpointConfig
 from coa.config.kit import _help, _require
 
 
@@ -45,7 +47,7 @@ class VllmConfig:
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(EndpointConfig):
     kind: Literal["hf", "vllm", "openai"] = _help(
         "hf: transformers with a KV cache, batched (CPU or GPU); vllm: in-process vllm.LLM (GPU; its own venv, see "
         "docs/scale.md#vllm); openai: HTTP to an OpenAI-compatible completions server.")
@@ -53,9 +55,7 @@ class EngineConfig:
         "hf/vllm: weights and compute dtype; auto = bfloat16 where the hardware computes it natively (CUDA, "
         "AVX512_BF16/AMX CPUs), else float32.")
     max_batch: int = _help("hf: trajectories decoded together; vllm/openai: requests in flight.")
-    base_url: str = _help("openai: the server, e.g. http://127.0.0.1:8000/v1.")
     served_model: str = _help("openai: the served model name.")
-    api_key_env: str = _help("openai: the environment variable holding the API key (unset = no key).")
     tool_grace_s: float | None = _help(
         "hf: seconds the batch waits for a tool past its due step before the row is parked and the other rows go "
         "on (a slow web call stalls only its own trajectory); null = always wait (byte-identical reruns; fit for "

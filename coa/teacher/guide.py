@@ -43,7 +43,8 @@ from coa.teacher.orchestrator import critic_request
 from coa.teacher.roles import SYSTEM
 from coa.teacher.run import Teacher, linearise_or_empty, teacher_attempt
 from coa.teacher.transcript import split_parts
-from coa.tools import TOOL_TAGS, failed
+from coa.tools.observation import failed
+from coa.tools.spec import TOOL_TAGS
 
 FIX = "Let me fix it and run it again."
 _TAG_LIKE = re.compile(r"</?([A-Za-z_][A-Za-z0-9_]*)>")

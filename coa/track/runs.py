@@ -13,9 +13,10 @@ Registering a stage's model is coa.track.registry.register_model (the registry i
 the other way round).
 
 The tracking store is `MLFLOW_TRACKING_URI` when set (a team server), else a local SQLite store in
-the ignored folder `.mlflow/` (artifacts beside it). The stage's wall time is logged as the metric
-`wall_time_s` when the block ends, also when it fails (the run is then marked FAILED), with the link to the
-experiment's runs view (``runs_view_url``).
+the ignored folder `.mlflow/`; a SQLite store keeps its artifacts beside its file, so MLflow never writes
+`./mlruns` into the working tree. The stage's wall time is logged as the metric `wall_time_s` when the block ends,
+also when it fails (the run is then marked FAILED), with the link to the experiment's runs view
+(``runs_view_url``).
 """
 
 from __future__ import annotations
@@ -73,19 +74,24 @@ def runs_view_url(uri: str, experiment: str, run_id: str | None = None) -> str:
     return f"{base}/#/experiments/{experiment}/{page}?workflowType=machine_learning"
 
 
-def experiment_id(mlflow: Any, name: str, uri: str, root: Path | None = None) -> str:
+def experiment_id(mlflow: Any, name: str, uri: str) -> str:
     """The id of experiment ``name`` (created when missing), marked as a machine-learning experiment."""
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND["mlflow.experimentKind"]:
             mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return exp.experiment_id
-    # The local store keeps artifacts beside it (MLflow's default is ./mlruns of the working directory).
-    # Decided by the URI, not by the environment: mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI.
-    artifact_location = None
-    if uri == _local_uri(root):
-        artifact_location = ((root or Path.cwd()) / LOCAL_DIR / "artifacts").resolve().as_uri()
-    return mlflow.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
+    return mlflow.create_experiment(name, artifact_location=artifact_location(uri), tags=EXPERIMENT_KIND)
+
+
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment of the store at ``uri`` keeps its artifacts: beside a SQLite store's file (the local
+    store: .mlflow/artifacts), never MLflow's default, ./mlruns of the working directory (the project, when a stage
+    runs); None for a server, which has its own artifact root. Decided by the URI, not by the environment:
+    mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "artifacts").as_uri()
 
 
 @dataclass
@@ -142,7 +148,7 @@ def stage_run(
 
     uri = tracking_uri(root)
     mlflow.set_tracking_uri(uri)
-    exp_id = experiment_id(mlflow, experiment, uri, root)
+    exp_id = experiment_id(mlflow, experiment, uri)
     start = time.perf_counter()
     with mlflow.start_run(experiment_id=exp_id, run_name=stage, tags={"coa.stage": stage, **tags}) as active:
         flat = {k: str(v)[:500] for k, v in flatten(params).items()}

@@ -27,7 +27,7 @@ What each phase holds on one GPU of ``gpus`` (each rank's, ZeRO-3 over all of th
   ~2 B x (3 hidden + 2 KV + 3 MLP) a token) and a chunk's logits (10 B x vocabulary a position);
 - ``sft.update``: SFT's state, buffers, context and row (``sft.row_tokens``, its checkpointing and chunks);
 - ``<stage>.engine`` for difficulty, solve_filter and eval: the engine at its share (one per GPU or per
-  tensor-parallel group: coa.runtime.node_engines).
+  tensor-parallel group: coa.rollout.engines.node_engines).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rollout stages' vLLM engines take every GPU of the node (coa.runtime.node_engines: vLLM's data parallelism, each
+"""The rollout stages' vLLM engines take every GPU of the node (coa.rollout.engines.node_engines: vLLM's data parallelism, each
 engine at the preset's share), recorded where the engine would be made (no GPU, no vLLM needed)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import coa.runtime as runtime
+import coa.rollout.engines as runtime
 from tests.test_recipes import preset
 
 
@@ -19,7 +19,7 @@ def made(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(runtime, "check_vllm_share", lambda cfg, path: None)  # reads the GPU's memory
-    monkeypatch.setattr("coa.rollout.make_engine", lambda kind, path, **kw: seen.append({"kind": kind, **kw}) or object())
+    monkeypatch.setattr(runtime, "make_engine", lambda kind, path, **kw: seen.append({"kind": kind, **kw}) or object())
     (tmp_path / "config.json").write_text("{}")
 
     def make(section) -> dict:

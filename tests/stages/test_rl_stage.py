@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from coa import model as M
+from coa.bm25 import BM25Index
 from coa.io import write_table
-from coa.tools.search import BM25Index
 from schemas import TASK_DTYPES, TASK_STATS_DTYPES, Task, TaskStats
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2
 from tests.stages.test_pipeline import merge

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from coa.bm25 import BM25Index
 from coa.format import check_transitions, parse, reflection_grades
 from coa.rewards import check
 from coa.rollout.loop import OBS_CLOSE, OBS_OPEN
@@ -14,11 +15,11 @@ from coa.teacher import TeamLimits
 from coa.teacher.guide import FIX, Guide, Route, legs_of
 from coa.teacher.offline.agents import OfflineStyle, offline_team
 from coa.teacher.run import Teacher
-from coa.tools import ToolSession, failed
 from coa.tools.code import code_tool
 from coa.tools.crawl_page import crawl_tool, index_pages
+from coa.tools.observation import failed
 from coa.tools.sandbox import SandboxLimits
-from coa.tools.search import BM25Index
+from coa.tools.session import ToolSession
 from coa.tools.web_search import search_tool
 
 CLEAN = OfflineStyle(p_direct=0.0, p_snippet=0.8, p_check_forum=0.0, p_critic_catch=0.0, p_lenient=0.0, p_slip=0.0)

@@ -145,8 +145,8 @@ def test_gpu_memory_reads_reserved_and_the_devices_free_memory(monkeypatch):
 
 def test_an_engine_in_float32_decodes_its_own_number_of_rows(monkeypatch):
     """max_batch_float32 (a float32 KV cache takes twice a bf16 row's bytes) sizes the float32 engines: the rollout
-    stages' (coa.runtime.engine_from) and RL's own (rl_engine); bf16 keeps max_batch, and null means max_batch."""
-    from coa.runtime import engine_rows
+    stages' (coa.rollout.engines.engine_from) and RL's own (rl_engine); bf16 keeps max_batch, and null means max_batch."""
+    from coa.rollout.engines import engine_rows
     from coa.train.dapo.engine import rl_engine
 
     params = load_params(ROOT / "params.yaml")
@@ -226,7 +226,7 @@ def test_a_deepspeed_stage_launches_its_ranks_unless_it_is_one(monkeypatch):
 
 
 def test_a_gpu_share_that_cannot_hold_the_model_stops_in_one_line(tmp_path):
-    from coa.runtime import check_vllm_share
+    from coa.rollout.engines import check_vllm_share
 
     cfg = load_params(ROOT / "params.yaml").rl.engine
     (tmp_path / "model.safetensors").write_bytes(b"0" * 3000)
