@@ -2,8 +2,8 @@
 
     dvc repro rl
     python -m stages.rl --tasks data/tasks.parquet --rl-tasks data/rl_tasks.parquet --policy models/sft \\
-        --index data/index --checkpoints .cache/rl --out models/rl --metrics metrics/rl.json \\
-        --plots plots/rl_reward.json
+        --index data/index --checkpoints .cache/rl --out models/rl --web data/web/rl --teacher data/teacher/rl \\
+        --metrics metrics/rl.json --plots plots/rl_reward.json
 
 Every step rolls out `rl.prompts_per_step` x `rl.rollouts_per_prompt` trajectories of the current policy
 with its tools (common.agent limits), rewards each with coa.rewards.reward (correct x format, soft overlong
@@ -40,6 +40,7 @@ from coa.prompts import render_prompt
 from coa.rewards import RewardSpec
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, judge_from, tools_factory
+from coa.teacher.scores import close_scores
 from coa.tools.webcache import close_store, stage_store
 from coa.train.dapo import heldout_kl, reference_model, reward_score, train_dapo
 from coa.train.dapo.engine import close_engine, rl_engine
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
     st = Stage("rl", argv, inputs=inputs, sections=("distill",), outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
                                                   "plots": "reward curve (JSON rows per step)",
-                                                  "web": "web_cache store (folder)"})
+                                                  "web": "web_cache store (folder)",
+                                                  "teacher": "the LLM teacher's scores (folder; rl.guide.scores)"})
     main_rank = int(os.environ.get("RANK", "0")) == 0
     with st if main_rank else nullcontext(st):
         cfg, agent = st.params.rl, st.params.common.agent
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         judge = judge_from(st.params.common.judge)
         score = reward_score(RewardSpec.of(cfg, agent.max_total_tokens), judge)
         guided = guided_from(cfg.guide, st.params.distill, st.params.common.tools, st.args.index, tok, seed,
-                             agent.max_total_tokens, store, judge)  # the teacher team on the student's states
+                             agent.max_total_tokens, store, judge, st.args.teacher)  # the teacher on the student's states
 
         def log_step(step: int, metrics: dict[str, float]) -> None:
             st.run.log_metrics({"train": metrics}, step=step)
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         rate = engine.throughput()  # decode steps per batch size: bench/rollout.py --stages
         close_engine(engine)
         metrics = {**result.metrics(len(train), len(heldout), kl), "policy_tokens_per_s": rate["policy_tokens_per_s"],
-                   "engine": rate, "web": close_store(store)}  # the main rank's requests
+                   "engine": rate, "web": close_store(store),  # the main rank's requests
+                   "teacher": close_scores(guided.teacher if guided else None, st.args.teacher)}
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
                  metrics["reward_first_fifth"], metrics["reward_last_fifth"], kl)
         # the content hash lets `coa promote` find the version that is the workspace's models/rl
