@@ -15,6 +15,14 @@ and answers when done:
   the device (``bucket_tensor``).
 
 Printed and returned (JSON): each transport's seconds, GB/s and s/GB over the same weights, best of ``--repeats``.
+
+``exact_sync`` (bench/gpu.py's part c too) carries a model's weights as rl does: its module chunks
+(coa.train.zero.module_weights) in buckets, each bucket's (metas, {GPU UUID: IPC handle}) or (metas, bytes) encoded
+with msgpack as vLLM's RPC encodes it (vLLM's own MsgpackEncoder and MsgpackDecoder where vLLM imports, else the
+msgpack package: the same wire format for these plain values) to a second process that loads them into a model of the
+same shape made there with other weights (coa.rollout.vllm_worker.bucket_tensor, coa.rollout.weights.unpack). That
+model's sha256 over every tensor's bytes must differ from the sender's before (the skipped sync: a negative control)
+and equal it after, exactly.
 """
 
 from __future__ import annotations
@@ -48,6 +56,110 @@ def _worker(conn: Any, device: str) -> None:
             torch.cuda.synchronize()
         conn.send(int(flat.numel()))
         del flat
+
+
+def _codec() -> tuple[Any, Any, str]:
+    """(encode, decode, which) for a bucket's RPC arguments: vLLM's msgpack hop where vLLM imports, else msgpack's."""
+    try:
+        from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+    except ImportError:
+        import msgpack
+
+        return (lambda obj: msgpack.packb(obj, use_bin_type=True)), (lambda b: msgpack.unpackb(b, raw=False)), "msgpack"
+    encoder, decoder = MsgpackEncoder(), MsgpackDecoder()
+    return (lambda obj: b"".join(bytes(b) for b in encoder.encode(obj))), decoder.decode, "vllm"
+
+
+def digest(model: Any) -> str:
+    """sha256 over every state-dict tensor's bytes, by name: equal only for the very same weights."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _same_shape(config: dict, device: str, seed: int) -> Any:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return Qwen2ForCausalLM(Qwen2Config(**config)).to(torch.bfloat16).eval()
+
+
+def _loader(conn: Any, config: dict, device: str) -> None:
+    """The engine's worker in exact_sync: a model of the same shape, other weights; loads every bucket it gets."""
+    import torch
+
+    from coa.rollout.vllm_worker import bucket_tensor
+    from coa.rollout.weights import unpack
+
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    model = _same_shape(config, device, seed=1)
+    state = model.state_dict()
+    _, decode, _ = _codec()
+    conn.send(digest(model))  # before any bucket: the skipped sync
+    while True:
+        message = conn.recv_bytes()
+        if not message:
+            conn.send(digest(model))
+            return
+        metas, payload = decode(message)
+        flat = bucket_tensor(payload).to(device)
+        with torch.no_grad():
+            for name, t in unpack(flat, metas):
+                state[name].copy_(t)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        conn.send(len(metas))
+
+
+def exact_sync(config: dict, device: str = "cuda") -> dict[str, Any]:
+    """The weights of a model of ``config`` (a Qwen2Config's fields) through the sync's buckets and vLLM's msgpack
+    into a same-shaped model in another process (see the module docstring): the checksums and the seconds."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from coa.rollout import weights
+    from coa.train.zero import module_weights
+
+    model = _same_shape(config, device, seed=0)
+    sent = digest(model)
+    encode, _, codec = _codec()
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_loader, args=(child, config, device), daemon=True)
+    proc.start()
+    try:
+        before = parent.recv()
+        start = time.perf_counter()
+        n = 0
+        for flat, metas in weights.buckets(module_weights(model)):
+            if device == "cuda":
+                torch.cuda.synchronize()
+                payload: Any = {weights.gpu_uuid(flat.device.index): weights.ipc_handle(flat)}
+            else:
+                payload = flat.cpu().numpy().tobytes()
+            parent.send_bytes(encode([metas, payload]))
+            assert parent.recv() == len(metas)
+            n += flat.numel()
+            del flat
+        if device == "cuda":
+            torch.cuda.ipc_collect()
+        seconds = time.perf_counter() - start
+        parent.send_bytes(b"")
+        after = parent.recv()
+    finally:
+        proc.join(timeout=120)
+    return {"codec": codec, "transport": "ipc" if device == "cuda" else "bytes", "gb": round(n / 1e9, 3),
+            "s": round(seconds, 3), "sender": sent, "receiver_before": before, "receiver_after": after,
+            "skipped_sync_differs": before != sent, "exact": after == sent}
 
 
 def measure(gib: float = 2.0, tensor_mib: int = 64, repeats: int = 3, device: str = "cuda") -> dict[str, Any]:

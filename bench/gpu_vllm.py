@@ -78,15 +78,15 @@ def measure(tokenizer_folder: Path, seed: int = 0, steps: int = 2, device: str =
     sleep (the CPU build has none), the bytes transport only; the same calls in the same order otherwise."""
     cuda = device == "cuda"
     import torch
-    from gpu import build_student
+    from gpu_student import build_student
 
     from coa.config import load_params
     from coa.model import save_pretrained
     from coa.prompts import render_prompt
-    from coa.rollout.hf import HFEngine
+    from coa.rollout.engines import make_engine, vllm_options
     from coa.rollout.types import Request, Sampling
     from coa.rollout.vllm import VLLMEngine
-    from coa.runtime import agent_limits, vllm_options
+    from coa.runtime import agent_limits
     from coa.train.dapo import train_dapo
 
     params = load_params(ROOT / "params.yaml")
@@ -106,7 +106,7 @@ def measure(tokenizer_folder: Path, seed: int = 0, steps: int = 2, device: str =
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        engine = Watched(VLLMEngine(tmp, dtype=engine_cfg.dtype, seed=0, **vllm_options(engine_cfg)), cuda)
+        engine = Watched(make_engine("vllm", tmp, dtype=engine_cfg.dtype, seed=0, **vllm_options(engine_cfg)), cuda)
         report["start_s"] = round(time.perf_counter() - start, 1)
         report["free_gib_after_start"] = engine._free()
         try:
@@ -129,9 +129,8 @@ def measure(tokenizer_folder: Path, seed: int = 0, steps: int = 2, device: str =
             greedy = Sampling(temperature=0.0, seed=0)
             tools = lambda request: (lambda tag, content: "ok")  # noqa: E731
             ours = engine.rollout(requests, greedy, limits, tools)
-            hf = HFEngine(result.model.to(torch.bfloat16 if cuda else torch.float32), tok, max_batch=16,
-                          fused=False).rollout(
-                requests, greedy, limits, tools)
+            hf = make_engine("hf", None, model=result.model.to(torch.bfloat16 if cuda else torch.float32),
+                             tokenizer=tok, max_batch=16, fused=False).rollout(requests, greedy, limits, tools)
             same = [a.response_ids == b.response_ids for a, b in zip(ours, hf, strict=True)]
             prefix = [next((i for i, (x, y) in enumerate(zip(a.response_ids, b.response_ids, strict=False)) if x != y),
                            min(len(a.response_ids), len(b.response_ids))) for a, b in zip(ours, hf, strict=True)]

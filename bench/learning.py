@@ -38,7 +38,8 @@ from coa.eval.behaviour import behaviour, rates
 from coa.eval.evaluate import evaluate_by_domain, summarize
 from coa.io import first_per_domain
 from coa.model import load_pretrained, save_pretrained
-from coa.runtime import agent_limits, engine_from, tools_factory
+from coa.rollout.engines import engine_from
+from coa.runtime import agent_limits, tools_factory
 from coa.train.sft import encode_trajectories, train_sft
 
 

@@ -21,7 +21,7 @@ from coa.config import load_params
 from coa.eval.evaluate import evaluate
 from coa.io import first_per_domain
 from coa.rollout import Limits, Sampling, make_engine
-from coa.tools import ToolSession, build_tools
+from coa.tools.session import ToolSession, build_tools
 
 
 def main() -> None:

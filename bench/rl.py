@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from coa.model import load_pretrained, save_pretrained
     from coa.prompts import render_prompt
     from coa.rewards import RewardSpec
-    from coa.rollout.hf import HFEngine
+    from coa.rollout.engines import make_engine
     from coa.rollout.types import Sampling
     from coa.runtime import agent_limits, tools_factory
     from coa.teacher.guide import Guide, clean_style
@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     if cache.exists():
         sft_rows = json.loads(cache.read_text())
     else:
-        base_engine = HFEngine(copy.deepcopy(load_pretrained(ROOT / args.policy)[0]).to(dtype), tok,
-                               max_batch=params.eval.engine.max_batch)
+        base_engine = make_engine("hf", None, model=copy.deepcopy(load_pretrained(ROOT / args.policy)[0]).to(dtype),
+                                  tokenizer=tok, max_batch=params.eval.engine.max_batch)
         sft_rows = evaluate_rows(base_engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(sft_rows))

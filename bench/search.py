@@ -15,8 +15,8 @@ from pathlib import Path
 
 import polars as pl
 
+from coa.bm25 import BM25Index
 from coa.tasks.web import generate_web
-from coa.tools.search import BM25Index
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLITS = {"sft": 0.6, "rl": 0.25, "eval": 0.15}

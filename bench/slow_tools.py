@@ -24,7 +24,7 @@ trajectory (the batch costs what it costs without them plus the one trajectory t
 hf: ``--tool-grace-s`` lists the settings of ``HFEngine(tool_grace_s=...)`` to measure ("none": every
 observation joins at its due step, waiting for a slower tool, the deterministic schedule; a number: the batch
 waits at most that long past the due step; "default": the keyword left out, for an engine that lacks it).
-vllm: the model is saved to a temporary folder and served by ``coa.rollout.make_engine("vllm", folder,
+vllm: the model is saved to a temporary folder and served by ``coa.rollout.engines.make_engine("vllm", folder,
 dtype="float32", max_model_len=2048)``. A warm-up run with the fast tool precedes the timed runs. Prints
 the machine's facts and a table; ``--out FILE`` writes the JSON ``{"facts", "rows": [{"engine", "setting",
 "tool", "wall_s", ...}], "summary": [{"engine", "setting", "ratio", ...}]}``.
@@ -105,11 +105,12 @@ def workload(tok, prompts: int, samples: int, max_tool_calls: int):
 
 def build_engines(args, model, tok) -> list[tuple[str, object]]:
     """(setting, engine) pairs to measure."""
+    from coa.rollout.engines import make_engine
+
     if args.engine == "vllm":
         import os
 
         from coa.model import save_pretrained
-        from coa.rollout import make_engine
         from coa.rollout.vllm import VLLMEngine
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB, for the CPU build
@@ -119,14 +120,12 @@ def build_engines(args, model, tok) -> list[tuple[str, object]]:
         if "tool_workers" in inspect.signature(VLLMEngine.__init__).parameters:
             options["tool_workers"] = args.tool_workers
         return [("vllm", make_engine("vllm", str(folder), **options))]
-    from coa.rollout.hf import HFEngine
-
     out = []
     for setting in args.tool_grace_s.split(","):
         options = {"max_batch": args.max_batch, "tool_workers": args.tool_workers}
         if setting != "default":
             options["tool_grace_s"] = None if setting == "none" else float(setting)
-        out.append((f"tool_grace_s={setting}", HFEngine(model, tok, **options)))
+        out.append((f"tool_grace_s={setting}", make_engine("hf", None, model=model, tokenizer=tok, **options)))
     return out
 
 

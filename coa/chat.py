@@ -220,6 +220,13 @@ class ChatClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @classmethod
+    def of(cls, endpoint: Any, **options: Any) -> ChatClient:
+        """The client of a chat endpoint section (coa.config.ChatEndpointConfig: base_url, model, api_key_env,
+        timeout_s, max_retries, max_concurrency); ``options``: the rest of __init__'s (temperature, max_tokens...)."""
+        return cls(endpoint.base_url, endpoint.model, endpoint.api_key_env or None, timeout_s=endpoint.timeout_s,
+                   max_retries=endpoint.max_retries, max_concurrency=endpoint.max_concurrency, **options)
+
     def __repr__(self) -> str:
         return f"ChatClient({self.base_url!r}, {self.model!r})"
 

@@ -83,6 +83,24 @@ def release_gpu_cache() -> None:
         torch.cuda.empty_cache()
 
 
+def gpu_memory() -> dict[str, float]:
+    """This process's CUDA memory on its current device in GB (1e9 B), then the peaks reset: ``allocated`` (live
+    tensors), ``reserved`` (what torch's caching allocator holds from the device: allocated plus its cache, what
+    another process on the GPU cannot have), their peaks since the last call (``peak_allocated``,
+    ``peak_reserved``), and the device's ``free`` and ``total`` memory as the driver counts it (cudaMemGetInfo:
+    every process on the GPU, a colocated vLLM worker's weights, KV cache and CUDA context included). {} without
+    CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    cuda = torch.cuda
+    free, total = cuda.mem_get_info()
+    out = {"allocated": cuda.memory_allocated(), "reserved": cuda.memory_reserved(),
+           "peak_allocated": cuda.max_memory_allocated(), "peak_reserved": cuda.max_memory_reserved(),
+           "free": free, "total": total}
+    cuda.reset_peak_memory_stats()
+    return {k: round(v / 1e9, 3) for k, v in out.items()}
+
+
 def cpu_capability() -> str:
     """torch's CPU kernel level (AVX2, AVX512, ...), quoted with every timing."""
     return torch.backends.cpu.get_cpu_capability()

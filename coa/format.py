@@ -15,8 +15,8 @@ This module owns that grammar:
   rollouts without ever raising (loss masking, rewards).
 * :func:`check_transitions` checks a step list against the per-domain role
   graph (a table of allowed next tags) and the AFM semantic rules.
-* Small helpers read and write the bodies of ``reflection``, ``double_check``,
-  ``code`` and ``crawl_page`` blocks.
+* Small helpers read and write the bodies of ``reflection`` and ``double_check``
+  blocks (the tools' own bodies and observations: coa.tools.spec, coa.tools.observation).
 
 A tag token is exactly ``<name>`` or ``</name>`` with ``name`` matching
 ``[A-Za-z_][A-Za-z0-9_]*``.  Bodies of the :data:`OPAQUE_TAGS` are raw text that
@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from coa.tools import CODE, TOOL_TAGS, TOOLS, tools_of
+from coa.tools.spec import CODE, TOOL_TAGS, TOOLS, tools_of
 
 TAGS = (
     "think",
@@ -368,9 +368,6 @@ _GRADE_RE = re.compile(
     re.IGNORECASE | re.MULTILINE,
 )
 _SCORE_RE = re.compile(r"^[ \t*#>-]*score[ \t*]*:[ \t*]*(\d+)\b", re.IGNORECASE | re.MULTILINE)
-_FENCE_OPEN_RE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[ \t]*\r?\n", re.MULTILINE)
-_FENCE_CLOSE_RE = re.compile(r"\r?\n[ \t]*```[ \t]*(?:\r?\n|\Z)")
-_PYTHON_FENCES = ("", "py", "python", "py3", "python3")
 
 
 def reflection_grades(content: str) -> dict[str, str]:
@@ -413,30 +410,3 @@ def format_double_check(score: int, note: str = "") -> str:
     if isinstance(score, bool) or not isinstance(score, int) or not 1 <= score <= 4:
         raise ValueError(f"double_check score must be an int in 1..4, got {score!r}")
     return f"score: {score}" + (f"\n{note}" if note else "")
-
-
-def code_source(content: str) -> str:
-    """The Python source in a ``<code>`` body: the first fenced block, else the stripped content.
-
-    The opening fence must start a line and be ```` ```python ````, ```` ```py ````
-    or bare ```` ``` ```` (another language gives the stripped content); the
-    block ends at the next line holding only a fence, or (truncated text) at the end.
-    """
-    opening = _FENCE_OPEN_RE.search(content)
-    if opening is None or opening.group(1).lower() not in _PYTHON_FENCES:
-        return content.strip()
-    closing = _FENCE_CLOSE_RE.search(content, opening.end() - 1)
-    return content[opening.end() : closing.start() if closing else len(content)]
-
-
-def format_code(source: str) -> str:
-    """A ``<code>`` body holding ``source`` in a python fence (a trailing "\\r" reads back as part of a CRLF
-    line ending, so code_source drops it)."""
-    return f"```python\n{source}\n```"
-
-
-def truncate(text: str, max_chars: int) -> str:
-    """Cap an observation at max_chars with the visible marker agents learn to read."""
-    if len(text) <= max_chars:
-        return text
-    return text[:max_chars] + f"\n...[truncated: {max_chars} of {len(text)} characters shown]"

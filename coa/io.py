@@ -17,7 +17,8 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,11 +134,30 @@ def read_table(path: str | Path, schema: Any) -> pl.DataFrame:
     return validate(df, schema, str(path))
 
 
-def first_per_domain(tasks: pl.DataFrame, n: int) -> pl.DataFrame:
-    """The first ``n`` tasks of each domain by task_id (0 = all), domain by domain: how eval, distill's
-    held-out set, rl's KL tasks and the benches pick a deterministic subset of a task table."""
+def first_per(keys: Sequence[Hashable], n: int | Mapping[Hashable, int]) -> list[bool]:
+    """Whether each row, in the order given, is among the first ``n`` rows of its key: the one rule by which eval,
+    distill, difficulty, solve_filter, rl's KL tasks and the benches take "the first n tasks per domain" (by
+    task_id, the order they pass). ``n`` 0 = every row; a mapping gives each key its own ``n`` (0 = all of it;
+    a key it lacks: none)."""
+    seen: Counter[Hashable] = Counter()
+    out = []
+    for key in keys:
+        seen[key] += 1
+        cap = n.get(key) if isinstance(n, Mapping) else n
+        out.append(cap is not None and (cap == 0 or seen[key] <= cap))
+    return out
+
+
+def first_per_domain(tasks: pl.DataFrame, n: int | Mapping[str, int]) -> pl.DataFrame:
+    """The first ``n`` tasks of each domain by task_id (first_per), domain by domain and with the domain column
+    first (as polars' ``group_by("domain").head(n)`` gives them); 0 = all, by task_id."""
     tasks = tasks.sort("task_id")
-    return tasks.group_by("domain", maintain_order=True).head(n) if n else tasks
+    if not n:
+        return tasks
+    domains = tasks["domain"].to_list()
+    first_seen = {d: i for i, d in enumerate(dict.fromkeys(domains))}
+    rows = sorted((i for i, keep in enumerate(first_per(domains, n)) if keep), key=lambda i: first_seen[domains[i]])
+    return tasks[rows].select("domain", pl.exclude("domain"))
 
 
 def write_rejects(path: str | Path, stage: str, rejects: Iterable[tuple[dict[str, Any], str]]) -> int:

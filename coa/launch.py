@@ -214,8 +214,9 @@ def use_vllm_environment(module: str, what: str, argv: list[str] | None = None) 
 
 def launch_ranks(module: str, processes: int, what: str, argv: list[str] | None = None) -> None:
     """Run ``python -m module`` again under ``torch.distributed.run --standalone`` with ``processes`` ranks (0: one
-    per visible GPU, one on a CPU) when this process is not a launcher's rank and more than one is asked for;
-    returns otherwise. ``what`` names the setting (the log line); ``argv``: the module's arguments (this
+    per visible GPU, one on a CPU) when this process is not a launcher's rank and more than one is asked for, each
+    rank with its share of the node's cores (``rank_threads``; an OMP_NUM_THREADS already set is kept); returns
+    otherwise. ``what`` names the setting (the log line); ``argv``: the module's arguments (this
     process's by default)."""
     if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
         return
@@ -225,12 +226,32 @@ def launch_ranks(module: str, processes: int, what: str, argv: list[str] | None 
         processes = torch.cuda.device_count() if torch.cuda.is_available() else 1
     if processes <= 1:
         return
-    logging.getLogger(__name__).info("%s: launching %s on %d ranks (torch.distributed.run)", what, module, processes)
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env:  # torch.distributed.run would set 1 for every rank
+        env["OMP_NUM_THREADS"] = str(rank_threads(processes))
+    logging.getLogger(__name__).info("%s: launching %s on %d ranks (torch.distributed.run), %s threads each", what,
+                                     module, processes, env["OMP_NUM_THREADS"])
     sys.stdout.flush()
     sys.stderr.flush()
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
             "-m", module, *(sys.argv[1:] if argv is None else argv)]
-    os.execve(sys.executable, argv, dict(os.environ))
+    os.execve(sys.executable, argv, env)
+
+
+def node_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or taskset's share, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def rank_threads(processes: int) -> int:
+    """Each of ``processes`` ranks' share of the node's cores (at least one): its OMP_NUM_THREADS, which
+    torch.distributed.run otherwise sets to 1 for more than one process a node (torch/distributed/run.py,
+    ``config_from_args``): a rank's CPU work (a CPU run's training, DeepSpeed's CPU optimizer, the tail after
+    training) would run on one thread of a node of dozens."""
+    return max(1, node_cores() // max(1, processes))
 
 
 def tbbmalloc_libraries() -> list[Path] | None:

@@ -10,7 +10,7 @@ The system text names the tools of the domain and the format's rules; the user t
 from __future__ import annotations
 
 from coa.format import ALLOWED_TOOLS
-from coa.tools import BY_TAG, CODE
+from coa.tools.spec import BY_TAG, CODE
 
 _FLOW = {
     "web": ("Start with <plan>. Think in <think>, call tools, and grade your progress in <reflection> "
@@ -39,15 +39,3 @@ def build_messages(question: str, domain: str) -> list[dict[str, str]]:
 def render_prompt(tokenizer, question: str, domain: str) -> str:
     """The prompt as text the policy continues: the tokenizer's chat template with the assistant header."""
     return tokenizer.apply_chat_template(build_messages(question, domain), tokenize=False, add_generation_prompt=True)
-
-
-_SUMMARISER = ("You read a web page for an agent working on a goal. Write down, concisely and faithfully, every "
-               "fact on the page that helps with the goal (names, numbers, dates, quotes, links to follow), and "
-               "nothing else. Do not answer the goal from your own knowledge. If the page holds nothing relevant, "
-               "say so in one sentence and say what the page is about.")
-
-
-def summariser_messages(goal: str, url: str, title: str, text: str) -> list[dict[str, str]]:
-    """The crawl tool's page summariser (coa.tools.fetch.Summariser): the page, condensed against the goal."""
-    page = f"Goal: {goal}\n\nPage: {title} ({url})\n\n{text}" if title else f"Goal: {goal}\n\nPage: {url}\n\n{text}"
-    return [{"role": "system", "content": _SUMMARISER}, {"role": "user", "content": page}]

@@ -32,16 +32,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from coa.format import FormatError, check_transitions, code_source, parse
-from coa.tools import TOOL_TAGS
+from coa.format import FormatError, check_transitions, parse
 from coa.tools.sandbox import SandboxLimits, run_python
+from coa.tools.spec import TOOL_TAGS, code_source
 
-__all__ = ["LLMJudge", "Reward", "RewardSpec", "check", "check_code", "check_math", "check_web", "f1", "format_ok",
-           "normalise_answer", "overlong_penalty", "repeated_tool_calls", "reward"]
+__all__ = ["CODE_LIMITS", "LLMJudge", "Reward", "RewardSpec", "check", "check_code", "check_limits", "check_math",
+           "check_web", "f1", "format_ok", "normalise_answer", "overlong_penalty", "repeated_tool_calls", "reward"]
 
 MAX_PREDICTION_CHARS = 2000  # longer math/web answers are not answers (and would slow the parsers)
 # Hidden tests run under the same policy as the code tool (coa.tools.sandbox.check_policy; strict if never set):
-# never unisolated under strict. 10 CPU seconds is their limit, whatever the load; the wall clock only a backstop.
+# never unisolated under strict. Their limits are common.tools' check_* (check_limits); these, its defaults, serve
+# a caller without params (tests, benches): CPU seconds whatever the load, the wall clock only a backstop.
 CODE_LIMITS = SandboxLimits(cpu_time_s=10, wall_time_s=40.0, max_output_chars=200_000)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
@@ -88,6 +89,13 @@ def check_math(prediction: str, answers: Sequence[str]) -> bool:
     return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=timeout)
 
 
+def check_limits(cfg: Any) -> SandboxLimits:
+    """The hidden tests' sandbox limits of `common.tools` (coa.config.ToolsConfig: check_cpu_time_s,
+    check_wall_time_s, check_output_chars)."""
+    return SandboxLimits(cpu_time_s=cfg.check_cpu_time_s, wall_time_s=cfg.check_wall_time_s,
+                         max_output_chars=cfg.check_output_chars)
+
+
 def check_code(prediction: str, tests: Sequence[str], limits: SandboxLimits = CODE_LIMITS) -> bool:
     """Every hidden test passes: the program, then the asserts, then a secret marker, in one sandbox call.
 
@@ -106,9 +114,11 @@ class Judge(Protocol):
     def __call__(self, question: str, prediction: str, answers: Sequence[str]) -> bool: ...
 
 
-def check(domain: str, prediction: str | None, task: Mapping[str, Any], judge: Judge | None = None) -> bool:
+def check(domain: str, prediction: str | None, task: Mapping[str, Any], judge: Judge | None = None,
+          limits: SandboxLimits = CODE_LIMITS) -> bool:
     """Whether `prediction` (the `<answer>` content; None = no answer) solves `task`. For web, `judge`
-    (e.g. an LLMJudge) decides what exact match does not accept."""
+    (e.g. an LLMJudge) decides what exact match does not accept; for code, the hidden tests run under `limits`
+    (check_limits of common.tools)."""
     if prediction is None:
         return False
     if domain == "web":
@@ -119,7 +129,7 @@ def check(domain: str, prediction: str | None, task: Mapping[str, Any], judge: J
     if domain == "math":
         return check_math(prediction, task["answers"])
     if domain == "code":
-        return check_code(prediction, task["tests"])
+        return check_code(prediction, task["tests"], limits)
     raise ValueError(f"unknown domain {domain!r}; expected web, math or code")
 
 
@@ -223,19 +233,22 @@ class RewardSpec:
     overlong_buffer (0 = off) and overlong_factor: DAPO's soft punishment; repeat_penalty: subtracted per
     repeated identical tool call; format_penalty: subtracted from a trajectory that does not parse or breaks
     the role graph (a turn cut at its token limit among them), so a broken trajectory scores below a
-    well-formed wrong one (0: both score 0, and a group of them teaches nothing about format)."""
+    well-formed wrong one (0: both score 0, and a group of them teaches nothing about format); code_limits: the
+    hidden tests' sandbox limits."""
 
     max_tokens: int = 4096
     overlong_buffer: int = 0
     overlong_factor: float = 1.0
     repeat_penalty: float = 0.0
     format_penalty: float = 0.0
+    code_limits: SandboxLimits = CODE_LIMITS  # the hidden tests' (check_limits)
 
     @classmethod
-    def of(cls, cfg: Any, max_tokens: int) -> RewardSpec:
-        """The spec of an ``rl`` params section (coa.config.RlConfig) and the agent's context length."""
+    def of(cls, cfg: Any, max_tokens: int, code_limits: SandboxLimits = CODE_LIMITS) -> RewardSpec:
+        """The spec of an ``rl`` params section (coa.config.RlConfig), the agent's context length and the hidden
+        tests' limits (check_limits of common.tools)."""
         return cls(max_tokens=max_tokens, overlong_buffer=cfg.overlong_buffer, overlong_factor=cfg.overlong_factor,
-                   repeat_penalty=cfg.repeat_penalty, format_penalty=cfg.format_penalty)
+                   repeat_penalty=cfg.repeat_penalty, format_penalty=cfg.format_penalty, code_limits=code_limits)
 
 
 @dataclass(frozen=True)
@@ -252,7 +265,7 @@ def reward(task: Mapping[str, Any], text: str, answer: str | None, n_tokens: int
     """The RL reward of one trajectory: correctness x format (AFM's rule), minus the format penalty when the
     format is broken, plus the overlong and repeat penalties."""
     domain = task["domain"]
-    correct = check(domain, answer, task, judge)
+    correct = check(domain, answer, task, judge, spec.code_limits)
     well_formed = format_ok(text, domain)
     overlong = overlong_penalty(n_tokens, spec.max_tokens, spec.overlong_buffer, spec.overlong_factor)
     repeats = repeated_tool_calls(text) if spec.repeat_penalty else 0

@@ -10,10 +10,12 @@
 `solve` runs one trajectory with the policy (a folder, or an MLflow registry URI ``models:/name@alias`` or
 ``models:/name/version``) and the tools of params.yaml's common.tools (the search index in --index), token by
 token, each role in its own colour. `promote` moves the ``champion`` alias of ``coa-policy`` to the version
-of the workspace's models/rl when metrics/eval.json puts its accuracy above the current champion's
-(recorded on that version when it was promoted); a registry without that model gets it registered first
-(coa.track.registry: by content hash, so whether or not the rl stage just ran). Registry and server problems
-end with one line that says what to do, and exit status 1.
+of the workspace's models/rl when metrics/eval.json puts its accuracy above the current champion's; a
+registry without that model gets it registered first (coa.track.registry: by the md5 DVC records for the
+folder, so whether or not the rl stage just ran). It records eval's accuracy on that version, and on the
+version of models/sft (``coa-sft``, registered the same way) when eval scored it. `make pipeline` then
+`coa promote` gives the champion without Prefect. Registry and server problems end with one line that says
+what to do, and exit status 1.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coa.tools import TOOL_TAGS
+from coa.tools.spec import TOOL_TAGS
 
 STYLES = {"plan": "bold cyan", "think": "dim", "reflection": "magenta", "double_check": "magenta",
           "suggested_answer": "yellow", "answer": "bold green", "observation": "grey50",
@@ -72,21 +74,21 @@ def closing_line(rollout: Any) -> str:
 
 def solve(question: str, model_path: str, domain: str, index: str, params_path: str, temperature: float,
           seed: int, out: Any) -> Any:
-    """One trajectory on the rollout engine that eval uses (coa.rollout.hf), printed token by token as it is
-    drawn; returns the Rollout."""
+    """One trajectory on the rollout engine that eval uses (hf, made by coa.rollout.engines: float32 on the CPU,
+    one row), printed token by token as it is drawn; returns the Rollout."""
     from coa.config import load_params
-    from coa.model import load_pretrained
     from coa.prompts import render_prompt
-    from coa.rollout.hf import HFEngine
+    from coa.rollout.engines import make_engine
     from coa.rollout.loop import decode
     from coa.rollout.types import Request, Sampling
     from coa.runtime import agent_limits
-    from coa.tools import ToolSession, build_tools
+    from coa.tools.session import ToolSession, build_tools
 
     params = load_params(params_path)
     index_dir = index if Path(index).is_dir() else None  # without the index: the code tool alone
     tools = build_tools(params.common.tools, index_dir=index_dir)  # a strict sandbox refuses before the model loads
-    model, tok = load_pretrained(model_path)
+    engine = make_engine("hf", model_path, max_batch=1)
+    tok = engine.tokenizer
     shown = ""
 
     def show(traj: Any) -> None:
@@ -97,7 +99,7 @@ def solve(question: str, model_path: str, domain: str, index: str, params_path: 
             shown = text
 
     request = Request("solve", render_prompt(tok, question, domain), domain, question)
-    [rollout] = HFEngine(model, tok, max_batch=1).rollout(
+    [rollout] = engine.rollout(
         [request], Sampling(temperature=temperature, seed=seed), agent_limits(params.common.agent),
         lambda _r: ToolSession(tools, params.common.tools.max_observation_chars), on_token=show)
     out.print()
@@ -163,13 +165,29 @@ def export(path: str, fmt: str, out_path: str) -> int:
 # ----------------------------------------------------------------------------- promote
 
 
-def promote(metrics_path: str, model_dir: str, name: str, alias: str, tracking_uri: str | None) -> str:
+def record_eval(model_dir: Path, name: str, stage: str, accuracy: float, tracking_uri: str | None) -> Any:
+    """The registered version of ``model_dir`` (registered first when the registry lacks it), with eval's
+    accuracy as its tag and in its description."""
+    import mlflow
+
+    from coa.track.registry import ACCURACY_TAG, register, workspace_description
+
+    version = register(model_dir, name, {"coa.stage": stage}, uri=tracking_uri)
+    client = mlflow.MlflowClient()
+    client.set_model_version_tag(name, version.version, ACCURACY_TAG, str(accuracy))
+    client.update_model_version(name, version.version, description=workspace_description(model_dir, accuracy))
+    return version
+
+
+def promote(metrics_path: str, model_dir: str, name: str, alias: str, tracking_uri: str | None,
+            sft_dir: str = "models/sft", sft_name: str = "coa-sft") -> str:
     """Move ``alias`` to the registered version of ``model_dir`` (registering it first when the registry lacks
-    it) when its eval accuracy beats the current holder's; returns what happened (one line). Raises
+    it) when its eval accuracy beats the current holder's; returns what happened (one line). ``sft_dir``'s
+    version gets its accuracy too when eval scored it and the folder exists. Raises
     coa.track.registry.RegistryError with a one-line reason."""
     import mlflow
 
-    from coa.track.registry import RegistryError, register, workspace_description
+    from coa.track.registry import ACCURACY_TAG, RegistryError
 
     if not Path(metrics_path).exists():
         raise RegistryError(f"{metrics_path}: not found; run `dvc repro eval` (or `dvc pull`) first")
@@ -177,16 +195,16 @@ def promote(metrics_path: str, model_dir: str, name: str, alias: str, tracking_u
     if "rl" not in metrics:
         raise RegistryError(f"{metrics_path}: no 'rl' section; run `dvc repro eval` first")
     accuracy = float(metrics["rl"]["accuracy"])
-    candidate = register(Path(model_dir), name, {"coa.stage": "rl"}, uri=tracking_uri)
+    candidate = record_eval(Path(model_dir), name, "rl", accuracy, tracking_uri)
+    if "sft" in metrics and (Path(sft_dir) / "config.json").exists():
+        record_eval(Path(sft_dir), sft_name, "sft", float(metrics["sft"]["accuracy"]), tracking_uri)
     client = mlflow.MlflowClient()
-    client.set_model_version_tag(name, candidate.version, "coa.eval_accuracy", str(accuracy))
-    client.update_model_version(name, candidate.version, description=workspace_description(Path(model_dir), accuracy))
     try:
         champion = client.get_model_version_by_alias(name, alias)
     except mlflow.exceptions.MlflowException:
         champion = None
     if champion is not None:
-        best = float(champion.tags.get("coa.eval_accuracy", "-1"))
+        best = float(champion.tags.get(ACCURACY_TAG, "-1"))
         if str(champion.version) == str(candidate.version):
             return f"{name} v{candidate.version} already holds @{alias} (accuracy {accuracy:.4f})"
         if accuracy <= best:
@@ -231,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", default="models/rl", help="the model to register and promote")
     p.add_argument("--name", default="coa-policy", help="registered model name")
     p.add_argument("--alias", default="champion", help="the alias to move")
+    p.add_argument("--sft-dir", default="models/sft", help="the SFT model, given its eval accuracy (its 'sft' section)")
+    p.add_argument("--sft-name", default="coa-sft", help="the SFT model's registered name")
     p.add_argument("--tracking-uri", default=None, help="MLflow (default: $MLFLOW_TRACKING_URI, else .mlflow/)")
     args = ap.parse_args(argv)
     try:
@@ -260,7 +280,8 @@ def _run(args: argparse.Namespace) -> int:
         n = export(args.path, args.format, args.out)
         out.print(f"{n} trajectories -> {args.out}")
     else:
-        out.print(promote(args.metrics, args.model_dir, args.name, args.alias, args.tracking_uri))
+        out.print(promote(args.metrics, args.model_dir, args.name, args.alias, args.tracking_uri, args.sft_dir,
+                          args.sft_name))
     return 0
 
 

@@ -1,7 +1,9 @@
 """What setup needs of this machine, checked before anything installs (make setup, make vllm): one line each.
 
     python3 -m flows.node            # the Python the locks were made for
-    python3 -m flows.node --gpu      # and a GPU node: Linux x86_64, nvidia-smi, a driver for CUDA 13
+    python3 -m flows.node --gpu      # and a GPU node: Linux x86_64, nvidia-smi, a driver for CUDA 13, a C compiler
+                                     # and Python.h; a C++ compiler where params.yaml offloads the optimizer
+    python3 -m flows.node --offload  # the C++ compiler alone (DeepSpeed's CPU Adam)
     python -m flows.node --torch-cuda   # after the install (the venv's python): its torch is a CUDA build that sees a GPU
 
 Standard library only: it runs with the system's python3, before any environment exists. Exit status 1 with one
@@ -14,6 +16,14 @@ line per problem (what is wrong, what to do); nothing printed when all holds. Th
   built for CUDA 13.0 (nvidia-cuda-runtime 13.0): the NVIDIA driver must be of the 580 branch or newer. A CUDA 12
   driver (525-575) runs them only through NVIDIA's forward-compatibility package (cuda-compat-13-0; data-centre
   GPUs only): its libcuda.so.580.* first on LD_LIBRARY_PATH passes this check. No CUDA 12 lock is shipped.
+- vLLM's first compile on a GPU builds a small C module with Triton (triton/runtime/build.py, ``_build``): its C
+  compiler is $CC, else gcc, else clang (``_find_compiler``), and it includes the base interpreter's ``Python.h``
+  (``sysconfig.get_paths()["include"]``, which a venv does not bring: Debian's python3.11-dev, Fedora's
+  python3.11-devel); without either the first vLLM stage fails at its first compile, after loading the model.
+- DeepSpeed's CPU Adam (``offload_optimizer: true``: configs/paper-32b.yaml) is a C++ extension built at first use
+  through torch.utils.cpp_extension (deepspeed/ops/op_builder/cpu/cpu_adam.py; DeepSpeed 0.19's CUDA accelerator
+  takes the host-side optimizers' builders from its CPU ones, deepspeed/accelerator/cuda_accelerator.py): it needs
+  a C++ compiler ($CXX, else c++) with OpenMP and the same Python.h, not a CUDA toolkit.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 PYTHON = (3, 11)  # the locks' CPython
 CUDA_DRIVER = 580  # the first driver branch of CUDA 13.0 (torch 2.13.0 and vLLM 0.32.0 on PyPI)
@@ -85,6 +97,61 @@ def compat_driver(path: str | None = None) -> int | None:
     return None
 
 
+def c_compiler_problem(env: dict[str, str] | None = None) -> str | None:
+    """One line when Triton would find no C compiler: $CC (its first word on PATH), else gcc, else clang."""
+    env = os.environ if env is None else env
+    named = env.get("CC", "").split()
+    found = shutil.which(named[0], path=env.get("PATH")) if named else \
+        shutil.which("gcc", path=env.get("PATH")) or shutil.which("clang", path=env.get("PATH"))
+    if found:
+        return None
+    what = f"$CC ({env['CC']}) is not on PATH" if named else "no C compiler (gcc or clang) is on PATH"
+    return (f"setup: {what}: vLLM's first compile on a GPU builds a C module with Triton and fails without one; "
+            "install gcc (Debian, Ubuntu: apt-get install build-essential) or set CC")
+
+
+def cxx_compiler_problem(env: dict[str, str] | None = None) -> str | None:
+    """One line when torch.utils.cpp_extension would find no C++ compiler ($CXX, else c++): DeepSpeed's CPU Adam."""
+    env = os.environ if env is None else env
+    named = (env.get("CXX") or "c++").split()
+    if shutil.which(named[0], path=env.get("PATH")):
+        return None
+    return (f"setup: no C++ compiler ({' '.join(named)}) on PATH: offload_optimizer builds DeepSpeed's CPU Adam "
+            "at its first step; install g++ (apt-get install build-essential) or set CXX")
+
+
+def python_include() -> Path:
+    """Where Triton looks for Python.h: this interpreter's include folder (posix_local read as posix_prefix)."""
+    scheme = sysconfig.get_default_scheme()
+    return Path(sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"])
+
+
+def headers_problem(include: Path | None = None) -> str | None:
+    """One line when ``include`` (default: python_include()) holds no Python.h."""
+    include = python_include() if include is None else include
+    if (include / "Python.h").is_file():
+        return None
+    version = ".".join(map(str, sys.version_info[:2]))
+    return (f"setup: {include}/Python.h is missing: Triton (vLLM's first compile on a GPU) and DeepSpeed's CPU Adam "
+            f"compile against it, and a venv does not bring it; install python{version}-dev (Debian, Ubuntu) or "
+            f"python{version}-devel (Fedora, RHEL)")
+
+
+def offloads_optimizer(params: Path = Path("params.yaml")) -> bool:
+    """Whether ``params`` (read as text: no YAML parser here) sets any ``offload_optimizer: true``."""
+    try:
+        text = params.read_text()
+    except OSError:
+        return False
+    return re.search(r"^\s*offload_optimizer:\s*true\b", text, flags=re.M | re.I) is not None
+
+
+def build_problems(offload: bool) -> list[str]:
+    """A GPU node's first builds: a C compiler and Python.h (Triton); with ``offload`` a C++ compiler too."""
+    checks = [c_compiler_problem(), headers_problem()] + ([cxx_compiler_problem()] if offload else [])
+    return [p for p in checks if p]
+
+
 def torch_cuda_problem() -> str | None:
     """After the install, in the environment's python: one line unless its torch is a CUDA build that sees a GPU."""
     import torch
@@ -100,12 +167,17 @@ def torch_cuda_problem() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--gpu", action="store_true", help="also check a GPU node's platform and driver")
+    parser.add_argument("--gpu", action="store_true",
+                        help="also check a GPU node's platform, driver, C compiler and Python.h (and a C++ compiler "
+                             "where params.yaml offloads the optimizer)")
+    parser.add_argument("--offload", action="store_true", help="check the C++ compiler DeepSpeed's CPU Adam needs")
     parser.add_argument("--torch-cuda", action="store_true", help="check the installed torch sees a GPU (after setup)")
     args = parser.parse_args(argv)
     problems = [p for p in [python_problem()] if p]
     if args.gpu:
-        problems += gpu_problems()
+        problems += gpu_problems() + build_problems(offload=args.offload or offloads_optimizer())
+    elif args.offload:
+        problems += [p for p in [cxx_compiler_problem(), headers_problem()] if p]
     if args.torch_cuda:
         problems += [p for p in [torch_cuda_problem()] if p]
     for line in problems:

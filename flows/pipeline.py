@@ -147,13 +147,15 @@ def _mlflow_link(stage: str, run_id: str) -> None:
         return
     import mlflow
 
+    from coa.track.runs import runs_view_url
+
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list", max_results=1,
                               filter_string=f"tags.`coa.stage` = '{stage}' and tags.`coa.pipeline_run_id` = '{run_id}'")
     if runs:
         info = runs[0].info
         create_link_artifact(key=f"{stage.replace('_', '-')}-mlflow-run", link_text=f"MLflow run of {stage}",
-                             link=f"{uri.rstrip('/')}/#/experiments/{info.experiment_id}/runs/{info.run_id}",
+                             link=runs_view_url(uri, info.experiment_id, info.run_id),
                              description=f"the {stage} stage's params, metrics and artifacts in MLflow")
 
 
@@ -196,13 +198,10 @@ def run_stage(stage: str, run_id: str) -> Any:
 
 
 def promote_step() -> str:
-    """Registers the workspace's models/sft and models/rl when the registry lacks them (content hash), then
-    `coa promote` with its defaults (metrics/eval.json, models/rl, coa-policy@champion)."""
-    from coa.track.registry import register
+    """`coa promote` with its defaults (metrics/eval.json; models/rl as coa-policy@champion, models/sft as
+    coa-sft): registers the workspace's models when the registry lacks them (by DVC's md5), with eval's accuracy."""
     from flows.cli import promote
 
-    if Path("models/sft/config.json").exists():
-        register(Path("models/sft"), "coa-sft", {"coa.stage": "sft"})
     return promote("metrics/eval.json", "models/rl", "coa-policy", "champion", None)
 
 

@@ -25,8 +25,9 @@ from coa.config import derive_seed
 from coa.device import compute_facts
 from coa.filters.difficulty import rejects, sample_closed_book, summary, task_stats, to_ask
 from coa.io import read_table, write_rejects, write_table
+from coa.rewards import check_limits
+from coa.rollout.engines import close_engine, engine_dtype, engine_from
 from coa.rollout.types import Sampling
-from coa.runtime import close_engine, engine_dtype, engine_from
 from coa.tools.sandbox import check_policy
 from schemas import TASK_STATS_DTYPES, Task, TaskStats
 from stages._stage import Stage
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
             samples = sample_closed_book(engine, todo, cfg.n_samples, sampling, cfg.max_new_tokens)
             sample_s = time.perf_counter() - start
             close_engine(engine)
-        stats = task_stats(tasks, samples, cfg.max_pass_rate, unchecked)
+        stats = task_stats(tasks, samples, cfg.max_pass_rate, unchecked, check_limits(st.params.common.tools))
         table = pl.DataFrame([s.as_row() for s in stats], schema=TASK_STATS_DTYPES).sort("task_id")
         write_table(table, st.args.stats, TaskStats)
         write_rejects(st.args.rejects, "difficulty", rejects(table, tasks, cfg.max_pass_rate))

@@ -30,11 +30,13 @@ from typing import Any
 import polars as pl
 from transformers import AutoTokenizer
 
+import coa.bm25
 import coa.teacher
 import coa.tools
 from coa.config import to_dict
 from coa.eval.metrics import token_counter
 from coa.io import (
+    first_per,
     first_per_domain,
     md5_path,
     model_folder,
@@ -54,8 +56,9 @@ from stages._stage import Stage
 
 
 def _cache_salt(params: Any, index_dir: str) -> str:
-    """What a cached transcript depends on besides its task: teacher params, team/tool source, the index."""
-    src = [md5_path(Path(coa.teacher.__file__).parent), md5_path(Path(coa.tools.__file__).parent)]
+    """What a cached transcript depends on besides its task: teacher params, team/tool source (BM25 too), the index."""
+    src = [md5_path(Path(coa.teacher.__file__).parent), md5_path(Path(coa.tools.__file__).parent),
+           md5_path(Path(coa.bm25.__file__))]
     docs = Path(index_dir) / "docs.json"
     blob = json.dumps([to_dict(params.distill.teacher), to_dict(params.distill.offline), to_dict(params.distill.limits),
                        to_dict(params.common.tools), src, md5_path(docs) if docs.exists() else ""], sort_keys=True)
@@ -79,8 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         too_easy = tasks.height
         tasks = tasks.join(kept, on="task_id", how="semi")
         too_easy -= tasks.height
-        cap = {d: n or tasks.height for d, n in cfg.max_tasks.items()}  # the first n of each domain (0 = all)
-        tasks = tasks.filter(pl.int_range(pl.len()).over("domain") < pl.col("domain").replace_strict(cap, default=0))
+        tasks = tasks.filter(pl.Series(first_per(tasks["domain"].to_list(), cfg.max_tasks), dtype=pl.Boolean))
         store = stage_store(st.params.common.tools.web_cache, st.args.web)
         teacher = make_teacher(cfg, st.params.common.tools, st.args.index, store)
         tok = AutoTokenizer.from_pretrained(model_folder(st.args.base, tokenizer_only=True), local_files_only=True)

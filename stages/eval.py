@@ -47,7 +47,9 @@ from coa.eval.plots import publish
 from coa.eval.report import compare, eval_metrics, task_slices
 from coa.io import first_per_domain, read_table, write_table
 from coa.model import load_tokenizer
-from coa.runtime import agent_limits, close_engine, engine_dtype, engine_from, judge_from, tools_factory
+from coa.rewards import check_limits
+from coa.rollout.engines import close_engine, engine_dtype, engine_from
+from coa.runtime import agent_limits, judge_from, tools_factory
 from coa.tasks.adapters import load_source
 from coa.teacher.guide import Guide, clean_style
 from coa.teacher.run import TeacherOutage, make_teacher, teacher_rows
@@ -108,8 +110,8 @@ def main(argv: list[str] | None = None) -> None:
                 try:
                     got = (evaluate_by_domain(engine, part, cfg.k, cfg.sampling,
                                               partial(derive_seed, seed, "eval", name),  # the domain's seed
-                                              agent_limits(st.params.common.agent), sessions, tok, judge, inspect)
-                           if path
+                                              agent_limits(st.params.common.agent), sessions, tok, judge,
+                                              check_limits(st.params.common.tools), inspect) if path
                            else teacher_rows(teacher, part, cfg.k, seed, token_counter(tok), st.params.distill, judge))
                 except TeacherOutage as err:
                     raise SystemExit(str(err)) from None

@@ -3,7 +3,7 @@
     dvc repro index
     python -m stages.index --corpus data/corpus.parquet --out data/index --metrics metrics/index.json
 
-`web_search` and `crawl_page` (coa.tools) load it; DVC caches it, so it is rebuilt only when the
+`web_search` and `crawl_page` (coa.tools) load it (coa.bm25); DVC caches it, so it is rebuilt only when the
 corpus or the BM25 params change.
 """
 
@@ -14,8 +14,8 @@ import shutil
 import time
 from pathlib import Path
 
+from coa.bm25 import BM25Index
 from coa.io import read_table
-from coa.tools.search import BM25Index
 from schemas import Document
 from stages._stage import Stage
 

@@ -13,43 +13,39 @@ keeps the groups whose rewards differ (dynamic sampling, up to `max_gen_batches`
 rollout of a step, before group filtering. Engine `hf` rolls out the trained weights themselves; `vllm`
 gets them after every step. Checkpoints every `checkpoint_every` steps under --checkpoints; a killed run
 started again resumes there. At the end the RL policy answers `heldout_tasks` eval-split tasks per
-domain, and KL(RL || SFT) per token is measured on those rollouts. The model is registered as
+domain, and KL(RL || SFT) per token is measured on those rollouts where the policy trained (under DeepSpeed every
+rank its share on its GPU, in the training dtype: coa.train.dapo.heldout). The model is registered as
 `rl.register_as` (coa-policy).
 
 Many GPUs (configs/paper.yaml: `rl.deepspeed` ZeRO-3 over NCCL, `rl.engine.kind: vllm`): `dvc repro rl` launches
 `rl.deepspeed.processes` ranks itself (coa.launch), or run it under `deepspeed --num_gpus 8 --module stages.rl`.
 Each rank rolls out its share of a step's groups with its engine (coa.train.dapo.engine), which gets the trained
-weights module by module after every step; rank 0 alone writes the outputs, logs and measures the held-out KL.
+weights module by module after every step; rank 0 alone writes the outputs and logs; every rank measures its share
+of the held-out KL.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import sys
-from contextlib import nullcontext
 
 import polars as pl
 
-from coa.config import derive_seed, to_dict
+from coa.config import derive_seed
 from coa.device import compute_facts, resolve_dtype
-from coa.io import first_per_domain, md5_path, read_table, write_json
-from coa.model import load_pretrained
+from coa.io import first_per_domain, read_table
 from coa.prompts import render_prompt
-from coa.rewards import RewardSpec
+from coa.rewards import RewardSpec, check_limits
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, judge_from, tools_factory
 from coa.teacher.scores import close_scores
 from coa.tools.webcache import close_store, stage_store
-from coa.train.dapo import heldout_kl, reference_model, reward_score, train_dapo
+from coa.train.dapo import reference_model, reward_score, train_dapo
 from coa.train.dapo.engine import close_engine, rl_engine
 from coa.train.dapo.guided import guided_from
+from coa.train.dapo.heldout import trained_kl
 from coa.train.dapo.ranks import check_launch, zero_settings
-from coa.train.kit import save_trained
-from coa.train.zero import zero3_loading
 from schemas import Task, TaskStats
-from stages._stage import Stage
+from stages._train import TrainingStage
 
 log = logging.getLogger("coa")
 
@@ -58,15 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     inputs = {"tasks": "curated tasks (parquet)", "rl_tasks": "solve_filter stats (parquet)",
               "policy": "the SFT policy (HF folder)", "index": "search index folder",
               "checkpoints": "resume checkpoints folder (removed after a finished run)"}
-    # the deepspeed launcher appends --local_rank=N unless given --no_local_rank; LOCAL_RANK is in the env
-    argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
-    st = Stage("rl", argv, inputs=inputs, sections=("distill",), outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
-                                                  "plots": "reward curve (JSON rows per step)",
-                                                  "web": "web_cache store (folder)",
-                                                  "teacher": "the LLM teacher's scores (folder; rl.guide.scores)"})
-    main_rank = int(os.environ.get("RANK", "0")) == 0
-    with st if main_rank else nullcontext(st):
-        cfg, agent = st.params.rl, st.params.common.agent
+    st = TrainingStage("rl", argv, inputs=inputs, sections=("distill",),  # distill: rl.guide's teacher
+                       outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
+                                "plots": "reward curve (JSON rows per step)", "web": "web_cache store (folder)",
+                                "teacher": "the LLM teacher's scores (folder; rl.guide.scores)"})
+    with st:
+        cfg, agent = st.cfg, st.params.common.agent
         check_launch(cfg)  # one line for a launch that cannot work, before any model loads
         store = stage_store(st.params.common.tools.web_cache, st.args.web)  # every rank records (atomic writes)
         tools = tools_factory(st.params.common.tools, st.args.index, store)  # a strict sandbox refuses here, as early
@@ -77,56 +70,44 @@ def main(argv: list[str] | None = None) -> None:
         if not train:
             raise SystemExit(f"{st.args.rl_tasks}: no RL tasks kept; the SFT policy solved every task k/k or "
                              "0/k (see metrics/solve_filter.json; solve_filter.drop_unsolved: false keeps 0/k)")
-        hold = zero3_loading(cfg.deepspeed, "rl", **zero_settings(cfg))  # ZeRO-3: each rank loads its shard
-        model, tok = load_pretrained(st.args.policy)
-        del hold
+        model, tok = st.load(st.args.policy, zero_settings(cfg))  # ZeRO-3: each rank loads its shard
         # the update's dtype, resolved where train_dapo resolves it (the policy's device)
         st.compute = compute_facts(resolve_dtype(cfg.dtype, next(model.parameters()).device))
         engine = rl_engine(cfg, st.args.policy, model, tok)  # hf beside the model, or vLLM per rank
         ref = reference_model(st.args.policy, cfg)  # None unless rl.kl_coef > 0; under ZeRO-3 sharded
         judge = judge_from(st.params.common.judge)
-        score = reward_score(RewardSpec.of(cfg, agent.max_total_tokens), judge)
+        score = reward_score(RewardSpec.of(cfg, agent.max_total_tokens, check_limits(st.params.common.tools)), judge)
         guided = guided_from(cfg.guide, st.params.distill, st.params.common.tools, st.args.index, tok, seed,
                              agent.max_total_tokens, store, judge, st.args.teacher)  # the teacher on the student's states
 
-        def log_step(step: int, metrics: dict[str, float]) -> None:
-            st.run.log_metrics({"train": metrics}, step=step)
-
         result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent_limits(agent), tools_factory=tools,
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
-                            seed=seed, ckpt_dir=st.args.checkpoints, log_fn=log_step if main_rank else None,
-                            ref_model=ref, guided=guided)
-        if not main_rank:
-            close_engine(engine)
-            return
-
-        out = save_trained(result.model, tok, st.args.out, {"common": to_dict(st.params.common), "rl": to_dict(cfg)},
-                           st.args.policy, "sft_model")
-        write_json(st.args.plots, result.plot_rows())
-
-        # KL(RL || SFT) on held-out rollouts of the RL policy (eval-split tasks, never trained on)
+                            seed=seed, ckpt_dir=st.args.checkpoints, log_fn=st.log_fn, ref_model=ref, guided=guided)
+        # KL(RL || SFT) on held-out rollouts of the RL policy (eval-split tasks, never trained on): rank 0 rolls them
+        # out, every rank scores its share where it trained (coa.train.dapo.heldout), the engines closed first
         heldout = first_per_domain(tasks.filter(pl.col("split") == "eval"), cfg.heldout_tasks).to_dicts() \
             if cfg.heldout_tasks else []
-        kl = float("nan")
-        if heldout:
+        rollouts = []
+        if heldout and st.main_rank:
             requests = [Request(f"{t['task_id']}#0", render_prompt(tok, t["question"], t["domain"]), t["domain"],
                                 t["question"]) for t in heldout]
             rollouts = engine.rollout(requests, Sampling(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed),
                                       agent_limits(agent), tools)
-            sft_model = load_pretrained(st.args.policy, next(result.model.parameters()).dtype)[0]
-            kl = heldout_kl(result.model, sft_model, rollouts, cfg.temperature, tok.pad_token_id)
-
-        rate = engine.throughput()  # decode steps per batch size: bench/rollout.py --stages
+        rate = engine.throughput() if st.main_rank else None  # decode steps per batch size: bench/rollout.py --stages
         close_engine(engine)
+        kl = trained_kl(result.trained, st.args.policy, cfg, rollouts, tok.pad_token_id) if heldout else float("nan")
+        result.trained = None
+        if not st.main_rank:
+            return
+
+        out = st.save(result, tok, st.args.policy, "sft_model")
         metrics = {**result.metrics(len(train), len(heldout), kl), "policy_tokens_per_s": rate["policy_tokens_per_s"],
                    "engine": rate, "web": close_store(store),  # the main rank's requests
                    "teacher": close_scores(guided.teacher if guided else None, st.args.teacher)}
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
                  metrics["reward_first_fifth"], metrics["reward_last_fifth"], kl)
-        # the content hash lets `coa promote` find the version that is the workspace's models/rl
-        st.register(out, cfg.register_as, {"coa.model_md5": md5_path(out)})
-        st.finish(metrics)
-        shutil.rmtree(st.args.checkpoints, ignore_errors=True)
+        # tagged with the md5 DVC records for models/rl: `coa promote` finds this version by it
+        st.done(out, metrics)
 
 
 if __name__ == "__main__":

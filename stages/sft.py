@@ -12,7 +12,8 @@ coa.train.sft.train_sft; every `sft.checkpoint_every` steps it writes a resumabl
 the folder is removed once the model is written. Step metrics (loss, lr, grad norm, tokens/s) go to
 MLflow and the loss curve to `--plots`; `heldout.*` metrics are coa.eval.diagnostics.teacher_forced on
 `--heldout` (teacher trajectories of eval tasks, never trained on): token, answer and copied-token
-accuracy; the model is logged and registered as `sft.register_as`.
+accuracy, run on the model as it trained (under DeepSpeed every rank its share, on its GPU, in the training dtype,
+the lm head in `sft.logprob_chunk` chunks); the model is logged and registered as `sft.register_as`.
 
 Many GPUs: set `sft.deepspeed.enabled: true` and `dist_backend: nccl` (configs/paper.yaml), then
 
@@ -25,46 +26,34 @@ Every rank trains its share of each step; rank 0 alone writes the outputs and lo
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import sys
 import time
-from contextlib import nullcontext
 
-from coa.config import derive_seed, to_dict
+from coa.config import derive_seed
 from coa.device import compute_facts, default_device, resolve_dtype
 from coa.eval.diagnostics import teacher_forced
-from coa.io import read_table, write_json
-from coa.model import load_pretrained
-from coa.train.kit import save_trained
+from coa.io import read_table
 from coa.train.sft import encode_trajectories, train_sft, zero_settings
-from coa.train.zero import zero3_loading
 from schemas import Trajectory
-from stages._stage import Stage
+from stages._train import TrainingStage
 
 log = logging.getLogger("coa")
 
 
 def main(argv: list[str] | None = None) -> None:
-    # the deepspeed launcher appends --local_rank=N unless given --no_local_rank; LOCAL_RANK is in the env
-    argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
     inputs = {"trajectories": "SFT trajectories (parquet)", "base": "starting policy folder",
               "heldout": "teacher trajectories of eval tasks, never trained on (parquet): diagnostics",
               "checkpoints": "resume checkpoints folder (removed after a finished run)"}
-    st = Stage("sft", argv, inputs=inputs,
-               outputs={"out": "the fine-tuned policy (HF folder)", "metrics": "figures (JSON)",
-                        "plots": "loss curve (JSON rows: step, loss, lr, grad_norm, epoch)"})
-    main_rank = int(os.environ.get("RANK", "0")) == 0
-    with st if main_rank else nullcontext(st):
-        cfg, seed = st.params.sft, st.params.common.seed
+    st = TrainingStage("sft", argv, inputs=inputs,
+                       outputs={"out": "the fine-tuned policy (HF folder)", "metrics": "figures (JSON)",
+                                "plots": "loss curve (JSON rows: step, loss, lr, grad_norm, epoch)"})
+    with st:
+        cfg, seed = st.cfg, st.params.common.seed
         records = read_table(st.args.trajectories, Trajectory).sort("task_id").select(
             "task_id", "domain", "prompt", "trajectory", "weight").to_dicts()
         if not records:
             raise SystemExit(f"{st.args.trajectories}: no trajectories to train on; "
                              "check the distill stage's filters")
-        hold = zero3_loading(cfg.deepspeed, "sft", **zero_settings(cfg))  # ZeRO-3: each rank loads its shard
-        model, tok = load_pretrained(st.args.base)
-        del hold
+        model, tok = st.load(st.args.base, zero_settings(cfg))
         st.compute = compute_facts(resolve_dtype(cfg.dtype, default_device()))  # train_sft's autocast dtype
         start = time.perf_counter()
         examples, truncated = encode_trajectories(tok, records, cfg.max_len, mask_drafts=cfg.mask_drafts)
@@ -73,28 +62,23 @@ def main(argv: list[str] | None = None) -> None:
         if truncated:
             log.warning("sft: %d of %d trajectories are longer than sft.max_len=%d tokens and were cut",
                         truncated, len(examples), cfg.max_len)
-
-        def log_step(step: int, metrics: dict[str, float]) -> None:
-            st.run.log_metrics({"train": metrics}, step=step)
-
         result = train_sft(model, examples, cfg, seed=derive_seed(seed, "sft"), pad_id=tok.pad_token_id,
-                           ckpt_dir=st.args.checkpoints, log_fn=log_step if main_rank else None)
-        if not main_rank:
-            return
-
-        out = save_trained(result.model, tok, st.args.out, {"common": to_dict(st.params.common), "sft": to_dict(cfg)},
-                           st.args.base, "base_model")
-        write_json(st.args.plots, result.plot_rows())
-        metrics = result.metrics(examples, truncated, [r["domain"] for r in records])
+                           ckpt_dir=st.args.checkpoints, log_fn=st.log_fn)
         heldout = read_table(st.args.heldout, Trajectory).sort("task_id").to_dicts()
         if {r["task_id"] for r in heldout} & {r["task_id"] for r in records}:
             raise SystemExit(f"{st.args.heldout} shares tasks with {st.args.trajectories}: it must hold eval tasks only")
-        metrics.update({f"heldout.{k}": v for k, v in teacher_forced(result.model, tok, heldout, cfg.max_len).items()})
+        # the diagnostics where the model trained: every rank its share, on its device, in the training dtype
+        figures = teacher_forced(result.trained, tok, heldout, cfg.max_len, chunk=cfg.logprob_chunk, share=True)
+        result.trained = None
+        if not st.main_rank:
+            return
+
+        out = st.save(result, tok, st.args.base, "base_model")
+        metrics = result.metrics(examples, truncated, [r["domain"] for r in records])
+        metrics.update({f"heldout.{k}": v for k, v in figures.items()})
         log.info("sft: %d steps, %.0f tokens/s, loss %.3f -> %.3f", result.steps, result.tokens_per_s,
                  result.first_loss, result.final_loss)
-        st.register(out, cfg.register_as)
-        st.finish(metrics)
-        shutil.rmtree(st.args.checkpoints, ignore_errors=True)
+        st.done(out, metrics)
 
 
 if __name__ == "__main__":

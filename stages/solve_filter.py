@@ -27,8 +27,10 @@ from coa.device import compute_facts
 from coa.eval.evaluate import evaluate
 from coa.filters.solve import decide, select, summary
 from coa.io import read_table, write_rejects, write_table
+from coa.rewards import check_limits
+from coa.rollout.engines import close_engine, engine_dtype, engine_from
 from coa.rollout.types import Sampling
-from coa.runtime import agent_limits, close_engine, engine_dtype, engine_from, judge_from, tools_factory
+from coa.runtime import agent_limits, judge_from, tools_factory
 from coa.tools.webcache import close_store, stage_store
 from schemas import TASK_STATS_DTYPES, Task, TaskStats, Trajectory
 from stages._stage import Stage
@@ -67,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
                             seed=derive_seed(st.params.common.seed, "solve_filter"))
         start = time.perf_counter()
         result = evaluate(engine, todo, cfg.k, sampling, agent_limits(st.params.common.agent),
-                          tools, judge=judge_from(st.params.common.judge))
+                          tools, judge=judge_from(st.params.common.judge),
+                          code_limits=check_limits(st.params.common.tools))
         sample_s = time.perf_counter() - start
         close_engine(engine)
 

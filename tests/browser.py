@@ -6,7 +6,7 @@
         b.screenshot(tmp_path / "runs.png")
 
 Only what the test needs: navigate, read the page's text, click by text, screenshot. Chromium runs with a
-fresh profile and without background networking, sync, component updates or a sandbox (containers).
+fresh profile and without background networking, QUIC, sync, component updates or a sandbox (containers).
 `chromium()` finds Debian's `chromium` (or `chromium-browser`, `google-chrome`); None when absent.
 """
 
@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
          "--remote-debugging-port=0", "--remote-allow-origins=*", "--window-size=1600,1000"]
 

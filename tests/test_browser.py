@@ -1,14 +1,18 @@
 """In a real browser (headless Chromium): Prefect and MLflow servers on loopback, the pipeline flow on a small
-dvc.yaml, the flow-run page listing the stages with their live logs, the MLflow registry page showing the
-model with its alias, and `dvc plots show` drawing offline. Skipped where Chromium is absent (conftest).
+dvc.yaml whose stages log their MLflow runs as the pipeline's do, the flow-run page listing the stages with their
+live logs, the MLflow link the flow published and the experiment's runs view (one run per stage, not MLflow
+3.17's GenAI view), the registry page showing the model with its alias, and `dvc plots show` drawing offline.
+Skipped where Chromium is absent (conftest).
 
-`COA_SCREENSHOTS=DIR` keeps the screenshots (flow_run.png, mlflow_model.png, dvc_plots.png) in DIR.
+`COA_SCREENSHOTS=DIR` keeps the screenshots (flow_run.png, mlflow_run.png, mlflow_runs.png, mlflow_model.png,
+dvc_plots.png) in DIR.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,11 +31,16 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
 STAGE = """import sys, time
-for i in range(int(sys.argv[2])):
-    print(f"{sys.argv[1]}: step {i}", flush=True)
-    time.sleep(1)
+from coa.track.runs import pipeline_run_id, stage_run
+with stage_run(sys.argv[1], {"steps": sys.argv[2]}, {"coa.pipeline_run_id": pipeline_run_id()}) as run:
+    for i in range(int(sys.argv[2])):
+        print(f"{sys.argv[1]}: step {i}", flush=True)
+        time.sleep(1)
+    run.log_metrics({"steps": int(sys.argv[2])})
 open(sys.argv[1] + ".txt", "w").write("done")
 """
+# MLflow 3.17's experiment page in its GenAI view (the view the runs must not open in)
+GENAI = ("Observability", "Evaluation runs", "Prompts & versions")
 
 
 def _port() -> int:
@@ -93,10 +102,14 @@ def servers(tmp_path):
         _stop(mlflow)
 
 
+def _post(url: str, body: dict) -> list:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=10))
+
+
 def _flow_run_id(api: str, deadline: float) -> str:
     while time.time() < deadline:
-        req = urllib.request.Request(f"{api}/flow_runs/filter", data=b"{}", headers={"Content-Type": "application/json"})
-        runs = json.load(urllib.request.urlopen(req, timeout=10))
+        runs = _post(f"{api}/flow_runs/filter", {})
         if runs:
             return runs[0]["id"]
         time.sleep(1)
@@ -128,6 +141,23 @@ def test_prefect_mlflow_and_dvc_plots_in_a_browser(servers, tmp_path):
             assert flow.wait(240) == 0, (tmp_path / "flow.log").read_text()[-3000:]
             browser.open(f"{api[:-4]}/runs/flow-run/{run_id}")
             browser.wait_for_text("Completed", "prepare: step 1", timeout=60)  # (the log view is paged)
+
+            # MLflow: the link the flow published for a stage, then the experiment's runs, one per stage
+            [artifact] = _post(f"{api}/artifacts/filter", {"artifacts": {"key": {"any_": ["train-mlflow-run"]}}})
+            link = re.search(r"\((http[^)]+)\)", artifact["data"]).group(1)
+            browser.open(link)
+            text = browser.wait_for_text("train", "Parameters", "Metrics", "steps", timeout=90)
+            assert not [g for g in GENAI if g in text], text[:2000]
+            browser.screenshot(shots / "mlflow_run.png")
+            import mlflow
+
+            from coa.track.runs import runs_view_url
+
+            experiment = mlflow.MlflowClient(servers["MLFLOW_TRACKING_URI"]).get_experiment_by_name("coa")
+            browser.open(runs_view_url(servers["MLFLOW_TRACKING_URI"], experiment.experiment_id))
+            text = browser.wait_for_text("prepare", "train", "2 matching runs", timeout=90)
+            assert not [g for g in GENAI if g in text], text[:2000]
+            browser.screenshot(shots / "mlflow_runs.png")
 
             # the registry: a model registered and promoted through coa, shown with its alias
             from tests.test_cli import _model

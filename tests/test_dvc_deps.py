@@ -1,118 +1,99 @@
-"""Each stage's `deps` in dvc.yaml cover the project modules the stage imports (its import closure).
+"""Each stage's `deps` in dvc.yaml are its import closure over coa/, schemas/ and stages/, exactly.
 
-A module a stage imports (directly, through another module, or inside a function) but that its deps do
-not list would leave the stage stale after a change that `dvc status` calls up to date. The closure is
-read from the source (ast): every `import` and `from ... import` of a project package (coa, schemas,
-stages), followed transitively; importing ``a.b.c`` also runs the packages ``a`` and ``a.b``. Imports under
-``if TYPE_CHECKING:`` never run and are skipped; empty ``__init__.py`` files hold nothing to go stale.
+A module a stage imports (directly, through another module, or inside a function) that its deps do not list
+would leave the stage stale after a change that `dvc status` calls up to date; a dep that no import of the
+stage reaches reruns it for a change that cannot touch it (a fix in the sandbox rerunning the index stage).
+The closure is read from the source (tests/imports.py: every import, a module loaded by its dotted name, the
+data files beside a module that it names); a dep folder must be reached whole.
 
     python -m pytest tests/test_dvc_deps.py
 """
 
 from __future__ import annotations
 
-import ast
+import functools
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("coa", "schemas", "stages")
+from tests.imports import PACKAGES, ROOT, closure, holds_code
 
-
-def module_file(name: str, root: Path = ROOT) -> Path | None:
-    """The source file of project module ``name`` (a package's __init__.py), or None if not a project module."""
-    if name.split(".")[0] not in PACKAGES:
-        return None
-    base = root.joinpath(*name.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return True
-    return False
-
-
-def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
-    """Dotted names of the project modules that ``path`` imports anywhere in its body."""
-    tree = ast.parse(path.read_text())
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and not _type_checking_only(node, parents):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not _type_checking_only(node, parents):
-            if node.level:
-                raise AssertionError(f"{path}: relative import of {node.module}; use the absolute name")
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from pkg import module`
-    out = set()
-    for name in names:
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):  # importing a.b.c runs a and a.b first
-            if module_file(".".join(parts[:i]), root) is not None:
-                out.add(".".join(parts[:i]))
-    return out
-
-
-def import_closure(module: str, root: Path = ROOT) -> set[Path]:
-    """Project source files (relative to root) that running ``module`` imports, itself included."""
-    seen: set[str] = set()
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        todo.extend(imported_modules(module_file(name, root), root) - seen)
-    files = {module_file(name, root).relative_to(root) for name in seen}
-    return {f for f in files if not (f.name == "__init__.py" and not (root / f).read_text().strip())}
-
-
-def uncovered(files: set[Path], deps: list[str]) -> list[str]:
-    """The files that no dep (a file, or a folder holding it) covers."""
-    dep_paths = [Path(d.rstrip("/")) for d in deps]
-    return sorted(str(f) for f in files if not any(f == d or d in f.parents for d in dep_paths))
-
-
+CODE = ("coa", "schemas", "stages")  # the code a stage runs (flows/ and bench/ run stages, never the other way)
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+@functools.cache
+def covered(dep: str, root: Path = ROOT) -> frozenset[Path]:
+    """The code files a code dep (a file, or a folder: every file in it) covers; {} for data deps."""
+    path = root / dep.rstrip("/")
+    if Path(dep).parts[0] not in CODE:
+        return frozenset()
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    return frozenset(p.relative_to(root) for p in files if holds_code(p))
+
+
+def uncovered(files: frozenset[Path], deps: list[str], root: Path = ROOT) -> list[str]:
+    """The files that no dep covers."""
+    cover = set().union(*(covered(d, root) for d in deps))
+    return sorted(str(f) for f in files - cover)
+
+
+def unreached(files: frozenset[Path], deps: list[str], root: Path = ROOT) -> list[str]:
+    """The code files the deps cover that the closure does not hold: a change to them reruns the stage for nothing."""
+    cover = set().union(*(covered(d, root) for d in deps))
+    return sorted(str(f) for f in cover - files)
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_deps_cover_the_import_closure(stage):
-    missing = uncovered(import_closure(f"stages.{stage}"), STAGES[stage]["deps"])
+    missing = uncovered(closure(f"stages.{stage}"), STAGES[stage]["deps"])
     assert not missing, f"dvc.yaml stage {stage!r}: add these to its deps (the stage imports them): {missing}"
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
-def test_removing_a_module_from_deps_is_caught(stage):
+def test_deps_hold_nothing_the_stage_does_not_import(stage):
+    extra = unreached(closure(f"stages.{stage}"), STAGES[stage]["deps"])
+    assert not extra, (f"dvc.yaml stage {stage!r}: its deps cover files no import of the stage reaches (list the "
+                       f"files it imports instead of their folder, or drop the dep): {extra}")
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_removing_a_dep_is_caught(stage):
     deps = STAGES[stage]["deps"]
-    closure = import_closure(f"stages.{stage}")
-    assert Path(f"stages/{stage}.py") in closure
+    files = closure(f"stages.{stage}")
+    assert Path(f"stages/{stage}.py") in files
     for dep in deps:
-        covered = [f for f in closure if f == Path(dep) or Path(dep) in f.parents]
-        if covered:
-            assert uncovered(closure, [d for d in deps if d != dep]) == sorted(map(str, covered))
+        if covered(dep):
+            assert uncovered(files, [d for d in deps if d != dep]) == sorted(map(str, covered(dep)))
 
 
-def test_closure_follows_function_level_and_package_imports(tmp_path):
+def test_closure_follows_function_level_package_named_and_data_imports(tmp_path):
     (tmp_path / "coa" / "sub").mkdir(parents=True)
     (tmp_path / "coa" / "__init__.py").write_text("")
     (tmp_path / "coa" / "sub" / "__init__.py").write_text("X = 1\n")
-    (tmp_path / "coa" / "sub" / "deep.py").write_text("import json\n")
-    (tmp_path / "coa" / "lazy.py").write_text("def f():\n    from coa.sub import deep\n")
-    (tmp_path / "coa" / "typed.py").write_text("")
+    (tmp_path / "coa" / "sub" / "deep.py").write_text('import json\nSOURCE = "kernel.c"\n')
+    (tmp_path / "coa" / "sub" / "kernel.c").write_text("int x;\n")
+    (tmp_path / "coa" / "sub" / "unread.c").write_text("int y;\n")
+    (tmp_path / "coa" / "lazy.py").write_text('"""coa.face is prose here."""\ndef f():\n    from coa.sub import deep\n')
+    (tmp_path / "coa" / "byname.py").write_text("class Worker: ...\n")
+    (tmp_path / "coa" / "face").mkdir()
+    (tmp_path / "coa" / "face" / "__init__.py").write_text('"""A face of a docstring alone runs nothing."""\n')
+    (tmp_path / "coa" / "face" / "part.py").write_text('WORKER = "coa.byname.Worker"\n')
+    (tmp_path / "coa" / "typed.py").write_text("Y = 2\n")
     (tmp_path / "stages").mkdir()
     (tmp_path / "stages" / "s.py").write_text(
-        "from typing import TYPE_CHECKING\nimport coa.lazy\nif TYPE_CHECKING:\n    import coa.typed\n")
-    closure = import_closure("stages.s", tmp_path)
-    assert closure == {Path("stages/s.py"), Path("coa/lazy.py"), Path("coa/sub/__init__.py"),
-                       Path("coa/sub/deep.py")}
-    assert uncovered(closure, ["stages/s.py", "coa/sub"]) == ["coa/lazy.py"]
+        "from typing import TYPE_CHECKING\nimport coa.lazy\nfrom coa.face import part\n"
+        "if TYPE_CHECKING:\n    import coa.typed\n")
+    files = closure("stages.s", tmp_path)
+    assert files == {Path("stages/s.py"), Path("coa/lazy.py"), Path("coa/sub/__init__.py"), Path("coa/sub/deep.py"),
+                     Path("coa/sub/kernel.c"), Path("coa/face/part.py"), Path("coa/byname.py")}
+    assert uncovered(files, ["stages/s.py", "coa/sub", "coa/face", "coa/byname.py"], tmp_path) == ["coa/lazy.py"]
+    assert unreached(files, ["stages/s.py", "coa/sub", "coa/lazy.py", "coa/face", "coa/byname.py"],
+                     tmp_path) == ["coa/sub/unread.c"]
+
+
+def test_the_stages_import_only_the_code_their_deps_can_list():
+    for stage in STAGES:
+        assert {f.parts[0] for f in closure(f"stages.{stage}")} <= set(CODE), stage
+    assert set(CODE) <= set(PACKAGES)

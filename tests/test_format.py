@@ -16,10 +16,8 @@ from coa.format import (
     Problem,
     Step,
     check_transitions,
-    code_source,
     double_check_score,
     extract_answer,
-    format_code,
     format_double_check,
     format_reflection,
     observation_spans,
@@ -28,6 +26,7 @@ from coa.format import (
     render,
     tag_sequence,
 )
+from coa.tools.spec import code_source, format_code
 
 GOOD = {"information_conflict": "good", "tool_effectiveness": "good", "trajectory_monitoring": "good"}
 POOR = {**GOOD, "tool_effectiveness": "poor"}

@@ -138,6 +138,35 @@ def test_node_check_lines():
     assert "Linux x86_64" in node.gpu_problems("arm64", "Darwin", smi="580.1\n")[0]
 
 
+def test_node_checks_the_compilers_and_python_headers_the_first_gpu_builds_need(tmp_path: Path):
+    """One line each, on a GPU node: no C compiler where Triton looks ($CC, gcc, clang), no Python.h where it looks
+    (the base interpreter's include folder), and, where params.yaml offloads the optimizer, no C++ compiler for
+    DeepSpeed's CPU Adam; nothing when they are there."""
+    bare = {"PATH": str(tmp_path / "empty")}
+    assert "no C compiler (gcc or clang)" in node.c_compiler_problem(bare)
+    assert "$CC (/opt/cc -O2) is not on PATH" in node.c_compiler_problem({**bare, "CC": "/opt/cc -O2"})
+    assert "no C++ compiler (c++)" in node.cxx_compiler_problem(bare)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("clang", "c++", "mycc"):
+        (tools / name).write_text("#!/bin/sh\n")
+        (tools / name).chmod(0o755)
+    assert node.c_compiler_problem({"PATH": str(tools)}) is None  # clang when there is no gcc
+    assert node.c_compiler_problem({"PATH": str(tools), "CC": "mycc -O2"}) is None
+    assert node.cxx_compiler_problem({"PATH": str(tools)}) is None
+    include = tmp_path / "include"
+    include.mkdir()
+    line = node.headers_problem(include)
+    assert f"{include}/Python.h is missing" in line and "-dev" in line and "\n" not in line
+    (include / "Python.h").write_text("")
+    assert node.headers_problem(include) is None
+    params = tmp_path / "params.yaml"
+    params.write_text("sft:\n  deepspeed:\n    offload_optimizer: false\n")
+    assert not node.offloads_optimizer(params)
+    params.write_text("rl:\n  deepspeed:\n    offload_optimizer: true   # host RAM\n")
+    assert node.offloads_optimizer(params) and not node.offloads_optimizer(tmp_path / "none.yaml")
+
+
 def test_forward_compatibility_passes_the_driver_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     compat = tmp_path / "compat"
     compat.mkdir()

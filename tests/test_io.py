@@ -6,7 +6,15 @@ import json
 import polars as pl
 import pytest
 
-from coa.io import ArtifactError, read_table, write_json, write_rejects, write_table
+from coa.io import (
+    ArtifactError,
+    first_per,
+    first_per_domain,
+    read_table,
+    write_json,
+    write_rejects,
+    write_table,
+)
 from schemas import Document, Reject
 
 
@@ -119,3 +127,18 @@ def test_rejects_and_json(tmp_path):
     assert write_rejects(tmp_path / "empty.parquet", "curate", []) == 0
     write_json(tmp_path / "m.json", {"b": 1, "a": 2})
     assert (tmp_path / "m.json").read_text() == '{\n  "a": 2,\n  "b": 1\n}\n'
+
+
+def test_first_per_is_one_rule_for_the_first_n_tasks_per_domain():
+    """first_per: the first n of each key in the order given (0 = all; a mapping: n per key, a missing key none);
+    first_per_domain: by task_id, domain by domain, as polars' group_by(...).head(n) gives them."""
+    keys = ["web", "math", "web", "code", "web", "math"]
+    assert first_per(keys, 2) == [True, True, True, True, False, True]
+    assert first_per(keys, 0) == [True] * 6
+    assert first_per(keys, {"web": 1, "math": 0}) == [True, True, False, False, False, True]
+    assert first_per([("web", "sft"), ("web", "rl"), ("web", "sft")], 1) == [True, True, False]
+    tasks = pl.DataFrame({"task_id": [f"t{i}" for i in (5, 1, 4, 2, 3, 0, 6)],
+                          "domain": ["math", "web", "code", "web", "math", "web", "code"]})
+    expected = tasks.sort("task_id").group_by("domain", maintain_order=True).head(2)
+    assert first_per_domain(tasks, 2).equals(expected)
+    assert first_per_domain(tasks, 0).equals(tasks.sort("task_id"))

@@ -44,6 +44,7 @@ def test_the_paper_preset_defaults_to_what_fits_and_32b_says_what_it_needs():
     assert paper.base.hf_path == "Qwen2.5-7B-Instruct" and big.base.hf_path == "Qwen2.5-32B-Instruct"
     v = big.rl.engine.vllm  # docs/scale.md's 32B budget: tensor parallel over the node, sleep, optimizer offload
     assert (v.tensor_parallel_size, v.sleep) == (8, True) and big.rl.deepspeed.offload_optimizer
+    assert paper.rl.engine.vllm.sleep and paper.rl.engine.vllm.tensor_parallel_size == 1  # 7B sleeps too
     assert big.solve_filter.engine.vllm.tensor_parallel_size == 8 and big.sft.deepspeed.offload_optimizer
     assert big.eval.engine.vllm.tensor_parallel_size == 8
 

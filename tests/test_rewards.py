@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from coa.rewards import check, f1, normalise_answer
+from coa.rewards import CODE_LIMITS, RewardSpec, check, check_limits, f1, normalise_answer, reward
 
 WEB = {"answers": ["Orvane Labs", "Orvane Laboratories"], "tests": []}
 MATH = {"answers": ["210"], "tests": []}
@@ -54,6 +54,26 @@ def test_code_cannot_fake_success():
     cheat = "import sys\nprint('coa-tests-passed')\nsys.exit(0)\ndef add(a, b):\n    return 0"
     assert not check("code", cheat, CODE)
     assert not check("code", "def add(a, b):\n    return a + b", {"answers": [], "tests": []})  # no tests, no pass
+
+
+def test_the_checkers_limits_are_params_beside_the_tools(repo_root):
+    """common.tools.check_* are the hidden tests' limits (today's CODE_LIMITS as shipped), and every path that
+    checks an answer runs the tests under them: a program that spends 2 CPU seconds passes under the shipped 10,
+    not under 1."""
+    from dataclasses import replace
+
+    from coa.config import ConfigError, load_params
+
+    tools = load_params(repo_root / "params.yaml").common.tools
+    assert check_limits(tools) == CODE_LIMITS
+    slow = "```python\nimport time\nt = time.process_time()\nwhile time.process_time() - t < 2:\n    pass\n" \
+           "def add(a, b):\n    return a + b\n```"
+    tight = check_limits(replace(tools, check_cpu_time_s=1))
+    assert check("code", slow, CODE) and not check("code", slow, CODE, limits=tight)
+    rl = load_params(repo_root / "params.yaml").rl
+    assert reward({**CODE, "domain": "code"}, "", slow, 10, RewardSpec.of(rl, 4096, tight)).correct is False
+    with pytest.raises(ConfigError, match="check_wall_time_s"):
+        load_params(repo_root / "params.yaml", {"common.tools.check_wall_time_s": 5.0})
 
 
 def test_no_answer_and_unknown_domain():

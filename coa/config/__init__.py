@@ -3,9 +3,11 @@
     from coa.config import load_params
     params = load_params("params.yaml")          # -> Params, every section checked
 
-The modules: sections.py (every section of `params.yaml`, `Params`, `load_params`), base.py (the base stage's
-sections: tokenizer, tiny model shape, the starting point) and kit.py (the machinery: `ConfigError`, `build`,
-`to_dict`, `flatten`, `load_yaml`, `derive_seed`). Their public names are re-exported here.
+The modules: sections.py (`Params`, `load_params`, `common` and the sections of curate, index, difficulty,
+solve_filter and eval), tools.py (`common.tools`), teacher.py (distill's), train.py (sft's and rl's, DeepSpeed),
+engine.py (every `engine:`), endpoint.py (the OpenAI-compatible endpoint they share), base.py (the base stage's:
+tokenizer, tiny model shape, the starting point) and kit.py (the machinery: `ConfigError`, `build`, `to_dict`,
+`flatten`, `load_yaml`, `derive_seed`). Their public names are re-exported here.
 """
 
 from coa.config.base import BaseConfig, TinyModelConfig, TokenizerConfig
@@ -14,13 +16,16 @@ from coa.config.sections import (
     ADAPTER_KINDS,
     WORLD_KINDS,
     AgentLimitsConfig,
+    ChatEndpointConfig,
     CommonConfig,
+    CrawlConfig,
     CurateConfig,
     DeepSpeedConfig,
     DifficultyConfig,
     DistillConfig,
     DistillFiltersConfig,
     DomainSamplingConfig,
+    EndpointConfig,
     EngineConfig,
     EvalConfig,
     GuideConfig,
@@ -32,6 +37,7 @@ from coa.config.sections import (
     SftConfig,
     SolveFilterConfig,
     SourceConfig,
+    SummariserConfig,
     TeacherConfig,
     TeamLimitsConfig,
     ToolsConfig,
@@ -39,9 +45,10 @@ from coa.config.sections import (
     load_params,
 )
 
-__all__ = ["ADAPTER_KINDS", "WORLD_KINDS", "AgentLimitsConfig", "BaseConfig", "CommonConfig", "ConfigError",
-           "CurateConfig", "DeepSpeedConfig", "DifficultyConfig", "DistillConfig", "DistillFiltersConfig",
-           "DomainSamplingConfig", "EngineConfig", "EvalConfig", "GuideConfig", "IndexConfig", "JudgeConfig", "OfflineStyleConfig",
-           "Params", "RlConfig", "SftConfig", "SolveFilterConfig", "SourceConfig", "TeacherConfig", "TeamLimitsConfig",
+__all__ = ["ADAPTER_KINDS", "WORLD_KINDS", "AgentLimitsConfig", "BaseConfig", "ChatEndpointConfig", "CommonConfig",
+           "ConfigError", "CrawlConfig", "CurateConfig", "DeepSpeedConfig", "DifficultyConfig", "DistillConfig",
+           "DistillFiltersConfig", "DomainSamplingConfig", "EndpointConfig", "EngineConfig", "EvalConfig", "GuideConfig",
+           "IndexConfig", "JudgeConfig", "OfflineStyleConfig", "Params", "RlConfig", "SftConfig", "SolveFilterConfig",
+           "SourceConfig", "SummariserConfig", "TeacherConfig", "TeamLimitsConfig",
            "TinyModelConfig", "TokenizerConfig", "ToolsConfig", "VllmConfig", "build", "derive_seed", "flatten", "load_params",
            "load_yaml", "to_dict"]

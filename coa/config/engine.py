@@ -1,4 +1,5 @@
-"""The `engine:` sections (difficulty, solve_filter, rl, eval): how a policy is run, and vLLM's settings.
+"""The `engine:` sections (difficulty, solve_filter, rl, eval): how a policy is run, and vLLM's settings; kind openai
+reaches its server as an endpoint (coa.config.endpoint: base_url, api_key_env; the served model is served_model).
 
     from coa.config import EngineConfig, VllmConfig
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from coa.config.endpoint import EndpointConfig
 from coa.config.kit import _help, _require
 
 
@@ -19,6 +21,10 @@ class VllmConfig:
     tensor_parallel_size: int = _help(
         "GPUs one engine spans: in rl one engine per group of this many consecutive ranks, on their devices (it "
         "must divide the ranks); elsewhere the GPUs of the one engine.", default=1)
+    data_parallel_size: int = _help(
+        "difficulty, solve_filter, eval: engines over the node's GPUs, each on tensor_parallel_size GPUs of its own at "
+        "gpu_memory_utilization, requests balanced among them (vLLM's data parallelism); 0 = as many as the visible "
+        "GPUs hold, 1 = one engine. rl ignores it (one engine per group of ranks).", default=0)
     sleep: bool = _help(
         "rl: the engine sleeps during every update (vLLM's sleep mode level 2: its KV cache and weights released "
         "from the GPU, the weights discarded since the sync rewrites them) and wakes for the sync and the "
@@ -35,12 +41,13 @@ class VllmConfig:
     def __post_init__(self) -> None:
         _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be within (0, 1]")
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
+        _require(self.data_parallel_size >= 0, "data_parallel_size", "must be >= 0 (0 = every GPU of the node)")
         _require(self.max_model_len >= 0, "max_model_len", "must be >= 0 (0 = the model's own)")
         _require(self.cpu_kv_cache_gb >= 1, "cpu_kv_cache_gb", "must be >= 1 (whole GiB)")
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(EndpointConfig):
     kind: Literal["hf", "vllm", "openai"] = _help(
         "hf: transformers with a KV cache, batched (CPU or GPU); vllm: in-process vllm.LLM (GPU; its own venv, see "
         "docs/scale.md#vllm); openai: HTTP to an OpenAI-compatible completions server.")
@@ -48,9 +55,7 @@ class EngineConfig:
         "hf/vllm: weights and compute dtype; auto = bfloat16 where the hardware computes it natively (CUDA, "
         "AVX512_BF16/AMX CPUs), else float32.")
     max_batch: int = _help("hf: trajectories decoded together; vllm/openai: requests in flight.")
-    base_url: str = _help("openai: the server, e.g. http://127.0.0.1:8000/v1.")
     served_model: str = _help("openai: the served model name.")
-    api_key_env: str = _help("openai: the environment variable holding the API key (unset = no key).")
     tool_grace_s: float | None = _help(
         "hf: seconds the batch waits for a tool past its due step before the row is parked and the other rows go "
         "on (a slow web call stalls only its own trajectory); null = always wait (byte-identical reruns; fit for "

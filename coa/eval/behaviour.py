@@ -35,7 +35,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from coa.tools import CODE, TOOL_TAGS, failed
+from coa.tools.observation import failed
+from coa.tools.spec import CODE, TOOL_TAGS
 
 _BLOCK = re.compile(r"<(" + "|".join(map(re.escape, (*TOOL_TAGS, "observation", "reflection", "answer")))
                     + r")>(.*?)</\1>", re.S)

@@ -2,6 +2,7 @@
 
     d = teacher_forced(model, tokenizer, records, max_len=2048)   # records: domain, prompt, trajectory
     d["token_accuracy"], d["answer_accuracy"], d["copy_accuracy"], d["math.obs_copy_accuracy"]
+    d = teacher_forced(engine, tokenizer, records, max_len=32768, chunk=1024, share=True)   # every rank calls
 
 A policy can learn the trajectory structure yet copy nothing (numbers into code, names from an observation
 into the next query, an observation into the answer), and then solves nothing. This shows it without a
@@ -23,6 +24,14 @@ Per domain and overall:
   answer_exact     the share of trajectories whose answer block is predicted right token for token;
   *_tokens         how many tokens each figure is over.
 Records should be of tasks the policy never trained on (the eval split).
+
+Where it runs (after SFT): on the model as it trained, on its device and in its dtype. Under DeepSpeed that is the
+engine on every rank (``share``: the records split over the ranks, each rank its contiguous block, the counts summed;
+ZeRO-3 keeps the weights sharded and gathers them module by module, so every rank runs as many forwards, a two-token
+filler where it has fewer records), never a float32 copy on one rank's CPU (a 7B model's 32k-token records there
+were hours on the one thread torch.distributed.run leaves a rank). ``chunk`` > 0 stops the forward at the final
+hidden states and applies the lm head ``chunk`` positions at a time (coa.train.head.chunked_argmax: no [L, V] logits
+of a 32k record; the head gathered once per record); 0: the whole logits, as the embedded default runs it.
 """
 
 from __future__ import annotations
@@ -35,7 +44,9 @@ from typing import Any
 import torch
 
 from coa.prompts import render_prompt, system_prompt
+from coa.train import collective
 from coa.train.data import encode_example
+from coa.train.head import chunked_argmax
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 OBS_SPAN = 3
@@ -84,11 +95,29 @@ def token_kinds(tokenizer: Any, question: str, domain: str, trajectory: str, n_p
     return answer, copied, from_obs
 
 
+def _argmax(model: Any, ids: torch.Tensor, chunk: int) -> list[int]:
+    """The model's argmax token after each position but the last of ``ids`` [1, L]: [L - 1] ids. ``chunk`` > 0: the
+    lm head in chunks of positions over the final hidden states (the model's head swapped for the identity during
+    the forward); ``model``: a causal LM or a DeepSpeed engine around one."""
+    if chunk <= 0:
+        return model(input_ids=ids, use_cache=False).logits[0, :-1].argmax(-1).tolist()
+    base = getattr(model, "module", model)
+    head = base.get_output_embeddings()
+    base.set_output_embeddings(torch.nn.Identity())
+    try:
+        hidden = model(input_ids=ids, use_cache=False).logits[0, :-1]  # [L - 1, H]: the head's inputs
+    finally:
+        base.set_output_embeddings(head)
+    return chunked_argmax(hidden, head, chunk).tolist()
+
+
 @torch.no_grad()
 def teacher_forced(model: Any, tokenizer: Any, records: Sequence[Mapping[str, Any]], max_len: int,
-                   device: str | torch.device | None = None) -> dict[str, float]:
-    """The figures of the module docstring over ``records`` (dicts with domain, prompt, trajectory)."""
-    device = device or next(model.parameters()).device
+                   device: str | torch.device | None = None, chunk: int = 0, share: bool = False) -> dict[str, float]:
+    """The figures of the module docstring over ``records`` (dicts with domain, prompt, trajectory). ``model``: a
+    causal LM or a DeepSpeed engine (its device and dtype); ``chunk``, ``share``: see the module docstring (with
+    ``share`` every rank of the process group calls and gets the same figures)."""
+    device = device or getattr(model, "device", None) or next(model.parameters()).device
     was_training = model.training
     model.eval()
     hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # key -> [right, total]
@@ -99,15 +128,21 @@ def teacher_forced(model: Any, tokenizer: Any, records: Sequence[Mapping[str, An
             digit[token] = tokenizer.decode([token]).strip().lstrip("-").isdigit()
         return digit[token]
 
-    for r in records:
+    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if share and \
+        collective.active() else (0, 1)
+    mine = list(records[len(records) * rank // world: len(records) * (rank + 1) // world])
+    forwards = int(collective.reduce_values([len(mine)], "max")[0]) if world > 1 else len(mine)
+    filler = torch.tensor([[tokenizer.eos_token_id or 0] * 2], device=device)
+    for _ in range(forwards - len(mine)):  # ZeRO-3's forwards are collectives: as many on every rank
+        _argmax(model, filler, chunk)
+    for r in mine:
         domain = r["domain"]
         prompt_text = render_prompt(tokenizer, r["prompt"], domain)
         ex = encode_example(tokenizer, prompt_text, r["trajectory"], max_len=max_len)
         n_prompt = len(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
         answer, copied, from_obs = token_kinds(tokenizer, r["prompt"], domain, r["trajectory"], n_prompt,
                                                ex.input_ids, ex.loss_mask)
-        ids = torch.tensor([ex.input_ids], device=device)
-        pred = model(input_ids=ids, use_cache=False).logits[0, :-1].argmax(-1).tolist()  # [L-1]
+        pred = _argmax(model, torch.tensor([ex.input_ids], device=device), chunk)  # [L-1]
         exact = any(answer)
         for i in range(1, len(ex.input_ids)):
             if not ex.loss_mask[i]:
@@ -126,6 +161,13 @@ def teacher_forced(model: Any, tokenizer: Any, records: Sequence[Mapping[str, An
             hits[key][1] += 1
     if was_training:
         model.train()
+    if world > 1:  # every rank's counts, summed
+        summed: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for part in collective.gather_objects([dict(hits)]):
+            for key, (right, total) in part.items():
+                summed[key][0] += right
+                summed[key][1] += total
+        hits = summed
     out: dict[str, float] = {}
     for key, (right, total) in sorted(hits.items()):
         name = key if key.endswith("answer_exact") else f"{key}_accuracy"

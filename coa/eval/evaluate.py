@@ -38,7 +38,7 @@ import numpy as np
 from coa.eval.metrics import best_of_k, billed_tokens, pass_at_k, student_calls, token_counter, wilson_ci
 from coa.format import DOMAINS
 from coa.prompts import render_prompt
-from coa.rewards import Judge, check, format_ok
+from coa.rewards import CODE_LIMITS, Judge, check, format_ok
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
 
 Inspect = Callable[[Mapping[str, Any], Rollout, bool], dict[str, Any]]  # (task, rollout, correct) -> more row columns
@@ -99,11 +99,13 @@ def summarize(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
 
 def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, sampling: Sampling, limits: Limits,
              tools_factory: ToolsFactory, tokenizer: Any = None,
-             check_workers: int = 4, judge: Judge | None = None, inspect: Inspect | None = None) -> EvalResult:
+             check_workers: int = 4, judge: Judge | None = None, code_limits: Any = CODE_LIMITS,
+             inspect: Inspect | None = None) -> EvalResult:
     """Roll out ``k`` samples of every task (rows of data/tasks.parquet: task_id, domain, question, answers,
     tests) and score them; ``tokenizer`` counts billed tokens (default: the engine's; ``sampling.seed`` seeds
-    the rollouts); ``judge`` (coa.rewards.LLMJudge) judges web answers; ``inspect(task, rollout, correct)`` adds
-    its dict to the attempt's row (the eval stage: agreement with the teacher team, coa.train.dapo.guided)."""
+    the rollouts); ``judge`` (coa.rewards.LLMJudge) judges web answers, code answers' hidden tests run under
+    ``code_limits`` (coa.rewards.check_limits of common.tools); ``inspect(task, rollout, correct)`` adds its dict to
+    the attempt's row (the eval stage: agreement with the teacher team, coa.teacher.states.count_states)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
@@ -117,7 +119,8 @@ def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, samplin
     if len(rollouts) != len(pairs):
         raise RuntimeError(f"the engine returned {len(rollouts)} rollouts for {len(pairs)} requests")
     with ThreadPoolExecutor(check_workers, thread_name_prefix="check") as pool:
-        verdicts = list(pool.map(lambda pair, r: check(pair[0]["domain"], r.answer, pair[0], judge), pairs, rollouts))
+        verdicts = list(pool.map(lambda pair, r: check(pair[0]["domain"], r.answer, pair[0], judge, code_limits),
+                                 pairs, rollouts))
     count = token_counter(tokenizer)
     rows = []
     for (task, i), request, rollout, correct in zip(pairs, requests, rollouts, verdicts, strict=True):
@@ -137,8 +140,8 @@ def evaluate(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, samplin
 
 def evaluate_by_domain(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: int, sampling: Mapping[str, Any],
                        seed_of: Callable[[str], int], limits: Limits, tools_factory: ToolsFactory,
-                       tokenizer: Any = None, judge: Judge | None = None, inspect: Inspect | None = None,
-                       ) -> list[dict[str, Any]]:
+                       tokenizer: Any = None, judge: Judge | None = None, code_limits: Any = CODE_LIMITS,
+                       inspect: Inspect | None = None) -> list[dict[str, Any]]:
     """`evaluate` with each domain's sampling settings (``sampling[domain]``: temperature, top_p): domains
     that share them roll out in one engine call (one queue keeps the batch full; its rollout seed is
     ``seed_of`` the domains joined by "+", e.g. "web+math+code"), others apart (``seed_of(domain)``). The
@@ -153,6 +156,6 @@ def evaluate_by_domain(engine: Engine, tasks: Sequence[Mapping[str, Any]], k: in
         part = [t for t in tasks if t["domain"] in domains]
         group_sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed_of("+".join(domains)))
         rows += evaluate(engine, part, k, group_sampling, limits, tools_factory, tokenizer=tokenizer,
-                         judge=judge, inspect=inspect).rows
+                         judge=judge, code_limits=code_limits, inspect=inspect).rows
     order = {d: i for i, d in enumerate(DOMAINS)}
     return sorted(rows, key=lambda r: order[r["domain"]])  # stable: each domain's rows keep their order

@@ -6,10 +6,13 @@
 A page marks a block ``<!-- figures:NAME -->`` ... ``<!-- /figures -->``; the lines between are exactly what
 ``BLOCKS[NAME]`` renders from the repository's metrics:
 
-  scores   README: accuracy [Wilson 95%] per model and domain, format, billed tokens vs the teacher, and RL
-           minus SFT (paired) from metrics/eval.json;
-  stages   README: each stage's wall time and peak RSS from metrics/<stage>.json, and their sum;
-  engine   docs/engine.md: the rollout bench's probe and table from metrics/bench/rollout.json.
+  scores     README: accuracy [Wilson 95%] per model and domain, format, billed tokens vs the teacher, and RL
+             minus SFT (paired) from metrics/eval.json;
+  behaviour  README: how SFT and RL use their tools after a failed call (coa.eval.behaviour), metrics/eval.json;
+  stages     README: each stage's wall time and peak RSS from metrics/<stage>.json, and their sum;
+  peaks      README: the run's minutes and its largest peaks, beside the budgets (docs/design.md);
+  run        docs/sizing.md: the current run, stage by stage, from metrics/<stage>.json;
+  engine     docs/engine.md: the rollout bench's probe and table from metrics/bench/rollout.json.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Any
 
 STAGES = ("curate", "base", "index", "difficulty", "distill", "sft", "solve_filter", "rl", "eval")
 POLICIES = (("base", "base (zero-shot)"), ("sft", "SFT"), ("rl", "RL"), ("teacher", "teacher (offline team)"))
-PAGES = ("README.md", "docs/engine.md")
+PAGES = ("README.md", "docs/sizing.md", "docs/engine.md")
+ROLLOUT_STAGES = ("difficulty", "solve_filter", "eval")
 
 
 def _load(root: Path, name: str) -> dict[str, Any]:
@@ -69,6 +73,68 @@ def stages(root: Path) -> list[str]:
     return lines
 
 
+def _stage_metrics(root: Path) -> dict[str, dict[str, Any]]:
+    return {name: _load(root, f"{name}.json") for name in STAGES}
+
+
+def _uses(s: dict[str, Any]) -> str:
+    return (f"a failed tool call in {_pct(s['failed_call_share'])}% of attempts, another call after it in "
+            f"{_pct(s['recovery_rate'])}%, a reflection naming it in {_pct(s['reflection_names_failure_rate'])}%, "
+            f"a repeated call in {_pct(s['repeat_rate'])}%, lucky math answers {_pct(s['lucky_share'])}%")
+
+
+def behaviour(root: Path) -> list[str]:
+    m = _load(root, "eval.json")
+    sft, rl = m["sft"], m["rl"]
+    return [f"After a failed tool call the SFT policy calls again in {_pct(sft['recovery_rate'])}% of cases and its "
+            f"reflection names the failure in {_pct(sft['reflection_names_failure_rate'])}% (RL: "
+            f"{_pct(rl['recovery_rate'])}%, {_pct(rl['reflection_names_failure_rate'])}%; coa.eval.behaviour)."]
+
+
+def peaks(root: Path) -> list[str]:
+    m = _stage_metrics(root)
+    total = sum(s["wall_time_s"] for s in m.values())
+    top = max(STAGES, key=lambda n: m[n]["peak_rss_gb"])
+    roll = max(ROLLOUT_STAGES, key=lambda n: m[n]["peak_rss_gb"])
+    return [f"This run: {total / 60:.1f} min of stages in {m['eval']['dtype']} (`cpu_capability` "
+            f"{m['eval']['cpu_capability']}); the largest peak {top} at {m[top]['peak_rss_gb']:.2f} GB, of the "
+            f"rollout stages {roll} at {m[roll]['peak_rss_gb']:.2f} GB."]
+
+
+def run(root: Path) -> list[str]:
+    m = _stage_metrics(root)
+    d, s, f, r, e = (m[n] for n in ("distill", "sft", "solve_filter", "rl", "eval"))
+    total = sum(x["wall_time_s"] for x in m.values())
+    top = max(STAGES, key=lambda n: m[n]["peak_rss_gb"])
+    k = f["k"]
+    rollouts = ", ".join(f"{n} {m[n]['peak_rss_gb']:.2f}" for n in sorted(ROLLOUT_STAGES,
+                                                                            key=lambda n: -m[n]["peak_rss_gb"]))
+    return [
+        "| figure | value |", "| --- | --- |",
+        f"| machine | {_machine(e)} |",
+        f"| trajectories kept (math / code / web), SFT tokens | {d['math.kept']} / {d['code.kept']} / {d['web.kept']} "
+        f"({d['kept']} of {d['tasks']}; {d['rejected']} rejected), {s['dataset_tokens']:,} tokens "
+        f"({s['dataset_target_tokens']:,} trained targets) |",
+        f"| SFT: steps, tokens/s, minutes | {s['steps']} steps under {s['malloc']}, {s['tokens_per_s']:.0f} tokens/s, "
+        f"{s['train_s'] / 60:.1f} min of training (loss {s['first_loss']:.2f} -> {s['final_loss']:.2f}) |",
+        f"| solve_filter: RL tasks kept of those sampled | {f['kept']} of {f['sampled']} (web {f.get('web.kept', 0)}, "
+        f"math {f.get('math.kept', 0)}, code {f.get('code.kept', 0)}; {f['dropped_unsolved']} solved 0/{k}, "
+        f"{f['dropped_solved']} solved {k}/{k}), {f['rollouts']} rollouts in {f['sample_s']:.0f} s "
+        f"({f['policy_tokens_per_s']:.0f} policy tokens/s) |",
+        f"| rl: reward and accuracy, first to last fifth of the steps; KL(RL ‖ SFT) per token | reward "
+        f"{r['reward_first_fifth']:.2f} -> {r['reward_last_fifth']:.2f}, accuracy {r['accuracy_first_fifth']:.2f} -> "
+        f"{r['accuracy_last_fifth']:.2f} ({r['steps']} steps on {r['tasks']} tasks); KL {r['kl_rl_sft_heldout']:.4f}; "
+        f"rollouts {r['rollout_s']:.0f} s, update {r['update_s']:.0f} s |",
+        f"| eval: the policies' rollouts | base {e['base']['eval_s']:.0f} s, SFT {e['sft']['eval_s']:.0f} s "
+        f"({e['sft']['policy_tokens_per_s']:.0f} policy tokens/s), RL {e['rl']['eval_s']:.0f} s "
+        f"({e['rl']['policy_tokens_per_s']:.0f}), teacher {e['teacher']['eval_s']:.0f} s |",
+        f"| how the policies use their tools (eval split; coa.eval.behaviour) | SFT: {_uses(e['sft'])}; "
+        f"RL: {_uses(e['rl'])} |",
+        f"| stages: minutes; the largest peak RSS | {total / 60:.1f} min of stages ({total:,.0f} s); {top} "
+        f"{m[top]['peak_rss_gb']:.2f} GB; rollout stages {rollouts} GB |",
+    ]
+
+
 def engine(root: Path) -> list[str]:
     m = _load(root, "bench/rollout.json")
     probe = m["probe"]
@@ -84,7 +150,8 @@ def engine(root: Path) -> list[str]:
     return lines
 
 
-BLOCKS: dict[str, Callable[[Path], list[str]]] = {"scores": scores, "stages": stages, "engine": engine}
+BLOCKS: dict[str, Callable[[Path], list[str]]] = {"scores": scores, "behaviour": behaviour, "stages": stages,
+                                                   "peaks": peaks, "run": run, "engine": engine}
 _BLOCK = re.compile(r"(<!-- figures:(\w+) -->\n)(.*?)(<!-- /figures -->)", re.S)
 
 

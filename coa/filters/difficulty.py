@@ -14,14 +14,14 @@ The examples are generic and name nothing from the task worlds.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
-from coa.rewards import check
+from coa.io import first_per
+from coa.rewards import CODE_LIMITS, check
 from coa.rollout.types import Engine, Limits, Request, Sampling
 
 CLOSED_BOOK_SYSTEM = ("Answer the question from memory with only the answer: a name, yes or no, a number or "
@@ -105,21 +105,19 @@ def to_ask(tasks: Sequence[Mapping[str, Any]], domains: Sequence[str], splits: S
            max_tasks: int) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
     """(asked, unchecked): the covered tasks, the first ``max_tasks`` of each domain and split in the given
     (task_id) order (0 = all), and the covered ones beyond that, which are not asked and not kept."""
-    asked, unchecked, seen = [], [], Counter()
-    for task in tasks:
-        if covered(task, domains, splits):
-            seen[task["domain"], task["split"]] += 1
-            (asked if not max_tasks or seen[task["domain"], task["split"]] <= max_tasks else unchecked).append(task)
-    return asked, unchecked
+    todo = [task for task in tasks if covered(task, domains, splits)]
+    first = first_per([(task["domain"], task["split"]) for task in todo], max_tasks)
+    return [t for t, f in zip(todo, first, strict=True) if f], [t for t, f in zip(todo, first, strict=True) if not f]
 
 
 def task_stats(tasks: Sequence[Mapping[str, Any]], samples: Mapping[str, Sequence[str]], max_pass_rate: float,
-               unchecked: Sequence[Mapping[str, Any]] = ()) -> list[TaskStat]:
+               unchecked: Sequence[Mapping[str, Any]] = (), code_limits: Any = CODE_LIMITS) -> list[TaskStat]:
     """Score every sampled answer with the shared checker and decide: keep iff r_q <= max_pass_rate.
 
     ``samples`` maps task_id -> the reference's answers (closed_book_answer of each reply); a task absent
     from it was not sampled (not covered by the filter) and passes through, kept, with n_samples 0 -- unless
-    it is ``unchecked`` (covered, but beyond difficulty.max_tasks): not kept, n_samples 0.
+    it is ``unchecked`` (covered, but beyond difficulty.max_tasks): not kept, n_samples 0. A code answer's
+    hidden tests run under ``code_limits`` (coa.rewards.check_limits of common.tools).
     """
     out = []
     skipped = {t["task_id"] for t in unchecked}
@@ -131,7 +129,7 @@ def task_stats(tasks: Sequence[Mapping[str, Any]], samples: Mapping[str, Sequenc
             continue
         if not answers:
             raise ValueError(f"task {task['task_id']}: no sampled answers (n_samples must be >= 1)")
-        n_correct = sum(check(task["domain"], a, task) for a in answers)
+        n_correct = sum(check(task["domain"], a, task, limits=code_limits) for a in answers)
         r_q = n_correct / len(answers)
         out.append(TaskStat(task["task_id"], task["domain"], task["split"], len(answers), n_correct, r_q,
                             r_q <= max_pass_rate))

@@ -20,22 +20,25 @@ from typing import Any
 import polars as pl
 
 from coa.config import SolveFilterConfig
+from coa.io import first_per
 
 
 def select(candidates: Sequence[dict[str, Any]], kept_ids: Collection[str],
            cfg: SolveFilterConfig) -> tuple[list[dict[str, Any]], list[tuple[dict, str]]]:
     """(the tasks to sample, (task, reason) for each candidate left out)."""
     rejects: list[tuple[dict, str]] = []
-    todo, per_domain = [], Counter()
+    todo = []
+    eligible = [t for t in candidates if t["task_id"] in kept_ids and t["domain"] in cfg.domains]
+    first = {t["task_id"] for t, f in zip(eligible, first_per([t["domain"] for t in eligible], cfg.max_tasks),
+                                           strict=True) if f}
     for task in candidates:
         if task["task_id"] not in kept_ids:
             rejects.append((task, "dropped by the difficulty filter (answerable closed-book)"))
         elif task["domain"] not in cfg.domains:
             rejects.append((task, f"domain {task['domain']} is not in solve_filter.domains"))
-        elif cfg.max_tasks and per_domain[task["domain"]] >= cfg.max_tasks:
+        elif task["task_id"] not in first:
             rejects.append((task, f"beyond solve_filter.max_tasks={cfg.max_tasks} for {task['domain']}"))
         else:
-            per_domain[task["domain"]] += 1
             todo.append(task)
     return todo, rejects
 

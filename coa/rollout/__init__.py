@@ -1,7 +1,8 @@
-"""Multi-turn agent rollouts over one Engine protocol; engines: hf (transformers), vllm, openai (HTTP).
+"""Multi-turn agent rollouts over one Engine protocol; engines: hf (transformers), vllm, openai (HTTP), all made
+in coa.rollout.engines (make_engine from arguments, engine_from from an `engine:` params section).
 
     from coa.rollout import make_engine, Request, Sampling, Limits
-    from coa.tools import ToolSession, build_tools
+    from coa.tools.session import ToolSession, build_tools
     engine = make_engine("hf", "models/base", max_batch=32)
     tools = build_tools(params.common.tools, index_dir="data/index")
     requests = [Request(f"{t['task_id']}#{i}", render_prompt(engine.tokenizer, t["question"], t["domain"]),
@@ -21,9 +22,7 @@ state machine and :mod:`coa.rollout.types` for what comes back.
 
 from __future__ import annotations
 
-import logging
-from typing import Any
-
+from coa.rollout.engines import ENGINES, make_engine
 from coa.rollout.types import (
     FINISH_REASONS,
     TRUNCATED,
@@ -36,43 +35,6 @@ from coa.rollout.types import (
     ToolsFactory,
 )
 
-ENGINES = ("hf", "vllm", "openai")
 __all__ = ["ENGINES", "FINISH_REASONS", "TRUNCATED", "Engine", "Limits", "Request", "Rollout", "Sampling",
            "ToolCaller", "ToolsFactory", "make_engine"]
 
-
-def make_engine(kind: str, model_path: str, **options: Any) -> Engine:
-    """An engine from plain arguments (what a stage reads from params).
-
-    hf: ``model_path`` a local HF folder; options: dtype ("auto" | "float32" | "bfloat16" | torch.dtype), device
-        ("cpu", "cuda"), max_batch, max_chunk_tokens, tool_workers, block_size, tool_grace_s, frozen.
-    vllm: ``model_path`` a local HF folder; options: VLLMEngine's (dtype, gpu_memory_utilization,
-        max_model_len, tool_workers, enable_prefix_caching, seed, and other ``vllm.LLM`` keyword args via
-        llm_kwargs).
-    openai: ``model_path`` the tokenizer folder (token ids are exchanged, so it must be the served
-        model's tokenizer); options: base_url, model (the served name), api_key_env, timeout_s,
-        max_retries, max_concurrency.
-    """
-    if kind == "hf":
-        import torch
-
-        from coa.device import resolve_dtype
-        from coa.model import load_pretrained
-        from coa.rollout.hf import HFEngine
-
-        device = options.pop("device", "cpu")
-        dtype = resolve_dtype(options.pop("dtype", torch.float32), device)
-        logging.getLogger(__name__).info("hf engine: %s on %s in %s", model_path, device, dtype)
-        model, tokenizer = load_pretrained(model_path, dtype=dtype)
-        return HFEngine(model.to(device), tokenizer, **options)
-    if kind == "vllm":
-        from coa.rollout.vllm import VLLMEngine
-
-        return VLLMEngine(model_path, **options)
-    if kind == "openai":
-        from transformers import AutoTokenizer
-
-        from coa.rollout.openai import OpenAIEngine
-
-        return OpenAIEngine(tokenizer=AutoTokenizer.from_pretrained(model_path), **options)
-    raise ValueError(f"unknown engine kind {kind!r}; expected one of {ENGINES}")

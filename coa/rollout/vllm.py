@@ -2,7 +2,7 @@
 
     engine = VLLMEngine("models/sft", gpu_memory_utilization=0.4, max_model_len=8192)
     rollouts = engine.rollout(requests, Sampling(temperature=1.0, seed=0), Limits(), tools=factory)
-    engine.sleep(); ...the update...; engine.wake_up(["weights"]); engine.sync(chunks); engine.wake_up()  # rl
+    engine.sleep(); ...the update...; engine.wake_up(["weights"]); engine.sync(chunks); engine.wake_up(["kv_cache"])
     engine.close()
 
 vLLM's ``AsyncLLM`` runs in its default multiprocess layout (the engine core and its workers in their own
@@ -21,8 +21,9 @@ the trainer's GPU on CUDA) into vLLM's in-place layer-wise reload, each layer po
 once whole, never a full copy on one worker. With ``sleep`` (vLLM's sleep mode, CUDA only) the engine releases
 its GPU memory while the trainer updates, at level 2: its weights are discarded, not copied to host memory,
 since the next sync rewrites every one of them (verl's hybrid engine sleeps so); ``wake_up(["weights"])`` maps
-them back, the sync writes them, then the KV cache returns (verl's order; the trainer empties its CUDA cache
-before each, coa.train.dapo.loop). The log-probs are of the temperature-scaled distribution
+them back, the sync writes them and empties the workers' CUDA cache (the buckets they copied), then
+``wake_up(["kv_cache"])`` brings the KV cache back (verl's, SkyRL's and TRL's order: each tag named, never one that
+is awake, which ``wake_up`` refuses; the trainer empties its CUDA cache before each, coa.train.dapo.loop). The log-probs are of the temperature-scaled distribution
 (``logprobs_mode="processed_logprobs"``), as the hf engine's.
 
 vLLM is imported lazily: it lives in its own environment (`make vllm`, docs/scale.md), which the stages
@@ -96,7 +97,7 @@ class VLLMEngine:
         self._thread.start()
         self.llm = self._run(_make(AsyncLLM, args))
         kill_point("vllm-start")  # the kill harness (coa.launch): the engine core and its workers just up
-        self.sleeping = False
+        self.asleep: set[str] = set()  # the tags (TAGS) released by sleep() and not woken yet
         self.sleep_enabled = sleep
         self.weight_sync = weight_sync
         self.tokenizer = self.llm.get_tokenizer()
@@ -119,8 +120,8 @@ class VLLMEngine:
     def rollout(self, requests: Sequence[Request], sampling: Sampling, limits: Limits,
                 tools: ToolsFactory) -> list[Rollout]:
         """Roll out every request, each as its own agent loop; results in request order."""
-        if self.sleeping:
-            raise RuntimeError("the vLLM engine is asleep: call wake_up() before rollout()")
+        if self.asleep:
+            raise RuntimeError(f"the vLLM engine's {sorted(self.asleep)} are asleep: wake_up() them before rollout()")
         if limits.stop not in self._stops:
             self._stops[limits.stop] = StopSet(self.tokenizer, self._texts, limits.stop, self.eos)
         stops = self._stops[limits.stop]
@@ -178,6 +179,7 @@ class VLLMEngine:
         transfer = transfer_for(self.weight_sync, first[0][1].device)
         sent = send_weights(self, _chain(first, chunks), transfer=transfer, group=group)
         self._run(self.llm.reset_prefix_cache())
+        self._run(self.llm.collective_rpc("coa_release_memory"))  # the buckets' copies, before the KV cache returns
         return sent
 
     def begin_weights(self) -> None:
@@ -199,20 +201,38 @@ class VLLMEngine:
         """The sum of the engine's parameters on its first worker (tests: a sync reached it)."""
         return float(self._run(self.llm.collective_rpc("coa_weight_checksum"))[0])
 
+    TAGS = ("weights", "kv_cache")  # what sleep releases and wake_up brings back, by vLLM's tags
+
+    @property
+    def sleeping(self) -> bool:
+        """Some of the engine's memory is released (sleep) and not woken."""
+        return bool(self.asleep)
+
     def sleep(self) -> None:
         """Release the engine's weights and KV cache from the GPU for the update (vLLM's sleep mode at
         ``SLEEP_LEVEL`` 2: the weights discarded, not copied to pinned host memory, since the sync that follows
         every update rewrites each of them; the model's buffers vLLM keeps). Only with ``sleep``: the next
         ``wake_up(["weights"])`` must be followed by a ``sync`` before any rollout."""
-        if self.sleep_enabled and not self.sleeping:
+        if self.sleep_enabled and not self.asleep:
             self._run(self.llm.sleep(level=self.SLEEP_LEVEL))
-            self.sleeping = True
+            self.asleep = set(self.TAGS)
 
-    def wake_up(self, tags: Iterable[str] | None = None) -> None:
-        """Bring back ``tags`` ("weights", "kv_cache"; all by default); awake when every part is back."""
-        if self.sleeping:
-            self._run(self.llm.wake_up(list(tags) if tags is not None else None))
-            self.sleeping = tags is not None and "kv_cache" not in tags
+    def wake_up(self, tags: Iterable[str]) -> None:
+        """Bring back ``tags`` ("weights", "kv_cache"), each by name (vLLM's ``wake_up(tags)``); nothing for an engine
+        that is not asleep (no sleep mode). A tag that is awake while others sleep is refused (RuntimeError): vLLM
+        would map nothing for it at best (0.32's CuMemAllocator.wake_up skips what is mapped; earlier ones mapped
+        every allocation of the tag again)."""
+        tags = list(tags)
+        unknown = sorted(set(tags) - set(self.TAGS))
+        if unknown:
+            raise ValueError(f"wake_up: unknown tags {unknown}; vLLM's are {list(self.TAGS)}")
+        if not self.asleep:
+            return
+        awake = sorted(set(tags) - self.asleep)
+        if awake:
+            raise RuntimeError(f"wake_up({tags}): {awake} already awake; wake only what sleeps ({sorted(self.asleep)})")
+        self._run(self.llm.wake_up(tags))
+        self.asleep -= set(tags)
 
     def close(self) -> None:
         """Shut the engine core and its workers down and stop the loop."""

@@ -5,6 +5,7 @@
     for bucket in buckets:                      # coa.rollout.weights: (name, tensor) pairs packed into one buffer
         llm.collective_rpc("coa_load_bucket", args=(metas, payload))   # payload: its bytes, or {GPU UUID: IPC handle}
     llm.collective_rpc("coa_end_weights")       # post-load processing, then the load is checked
+    llm.collective_rpc("coa_release_memory")    # the workers' CUDA cache (the buckets' copies) back to the device
 
 vLLM injects the class into its worker class, so every worker (one per tensor-parallel rank) has these
 methods, and ``collective_rpc`` sends only a method name and plain values (the bucket's metas, its bytes or
@@ -76,6 +77,21 @@ class WeightSync:
         missing = sorted({n for n, _ in model.named_parameters()} - self._coa_loaded)
         del self._coa_loaded
         return missing
+
+    def coa_release_memory(self) -> int:
+        """Return this worker's cached CUDA memory to the device (gc, then ``torch.cuda.empty_cache``): the copies of
+        the sync's buckets its caching allocator keeps, up to a bucket or two (512 MiB each), else held while the
+        KV cache maps back (SkyRL empties it before the wake as well). Returns the bytes it still reserves (0 off
+        CUDA)."""
+        import gc
+
+        import torch
+
+        gc.collect()
+        if not torch.cuda.is_available():
+            return 0
+        torch.cuda.empty_cache()
+        return int(torch.cuda.memory_reserved())
 
     def coa_parameter_sums(self) -> dict[str, float]:
         """Each parameter's sum (float64) by name, ties reported under every name (tests and checks)."""

@@ -81,28 +81,51 @@ def gpu_uuid(device: int | None = None) -> str:
     return str(torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device).uuid)
 
 
-def ipc_handle(flat: torch.Tensor) -> list[Any]:
-    """A CUDA IPC handle of a flat uint8 CUDA tensor as plain msgpack values (torch's own reduction, its classes
-    and dtype left out: the receiver knows them). Keep ``flat`` alive until the receiver has copied it."""
+RECEIVER_FILLS = ("tensor_cls", "dtype", "storage_device")  # rebuild_cuda_tensor's, known to the worker
+
+
+def ipc_handle(flat: torch.Tensor) -> dict[str, Any]:
+    """A CUDA IPC handle of a flat uint8 CUDA tensor as plain msgpack values, keyed by the parameter names of the
+    function torch rebuilds it with (``reduce_tensor`` returns ``(rebuild_cuda_tensor, args)``): the tensor's class,
+    dtype and device left out, the receiver fills them, the storage's class by its name (``open_ipc``). Keep
+    ``flat`` alive until the receiver has copied it."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    _, args = reduce_tensor(flat)
-    # (tensor class, size, stride, offset, storage class, dtype, device, handle, storage bytes, storage offset,
-    #  requires_grad, ref counter handle, ref counter offset, event handle, event sync required)
-    return [list(args[1]), list(args[2]), args[3], args[4].__name__, args[7], args[8], args[9], args[11], args[12],
-            args[13], args[14]]
+    return handle_fields(*reduce_tensor(flat))
 
 
-def open_ipc(handle: Sequence[Any], device: int) -> torch.Tensor:
+def handle_fields(rebuild: Any, args: Sequence[Any]) -> dict[str, Any]:
+    """``reduce_tensor``'s ``(rebuild, args)`` bound by ``rebuild``'s parameter names, as msgpack values (tuples and
+    sizes as lists, bytes as they are, the storage class by its name) without RECEIVER_FILLS: a torch that reorders
+    them is read by name, and one that renames or adds a parameter fails to bind in ``open_ipc``
+    (tests/rollout/test_weights.py binds it on a CPU)."""
+    import inspect
+
+    bound = inspect.signature(rebuild).bind(*args).arguments
+    if "storage_cls" in bound:
+        bound["storage_cls"] = bound["storage_cls"].__name__
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in bound.items()
+            if name not in RECEIVER_FILLS}
+
+
+def open_ipc(handle: dict[str, Any], device: int) -> torch.Tensor:
     """The uint8 tensor of an ``ipc_handle`` mapped on ``device`` of this process (shared memory of the sender's
     GPU: copy it before the sender lets it go)."""
-    import torch.storage
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    size, stride, offset, storage_cls, data, nbytes, data_offset, counter, counter_offset, event, sync = handle
-    return rebuild_cuda_tensor(torch.Tensor, torch.Size(size), tuple(stride), offset,
-                               getattr(torch.storage, storage_cls, None) or getattr(torch, storage_cls), torch.uint8,
-                               device, data, nbytes, data_offset, False, counter, counter_offset, event, sync)
+    return rebuild_cuda_tensor(**ipc_arguments(handle, device))
+
+
+def ipc_arguments(handle: dict[str, Any], device: int) -> dict[str, Any]:
+    """``rebuild_cuda_tensor``'s keyword arguments for an ``ipc_handle`` on ``device``: the handle's fields, the sizes
+    as torch takes them, the storage class by its name, RECEIVER_FILLS filled (a plain tensor of uint8 on
+    ``device``)."""
+    import torch.storage
+
+    name = handle["storage_cls"]
+    return {**handle, "tensor_size": torch.Size(handle["tensor_size"]), "tensor_stride": tuple(handle["tensor_stride"]),
+            "storage_cls": getattr(torch.storage, name, None) or getattr(torch, name), "tensor_cls": torch.Tensor,
+            "dtype": torch.uint8, "storage_device": device}
 
 
 def transfer_for(setting: str, device: torch.device) -> str:

@@ -48,8 +48,5 @@ def team_factory(teacher: Any, offline: Any) -> Callable[[str, random.Random], T
     if teacher.backend == "offline":
         style = OfflineStyle(**{k: getattr(offline, k) for k in OfflineStyle.__dataclass_fields__})
         return lambda domain, rng: offline_team(domain, rng, style)
-    client = ChatClient(teacher.base_url, teacher.model, teacher.api_key_env, timeout_s=teacher.timeout_s,
-                        max_retries=teacher.max_retries, max_concurrency=teacher.max_concurrency,
-                        temperature=teacher.temperature, max_tokens=teacher.max_tokens)
-    team = llm_team(client)
+    team = llm_team(ChatClient.of(teacher, temperature=teacher.temperature, max_tokens=teacher.max_tokens))
     return lambda domain, rng: team

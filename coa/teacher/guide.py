@@ -32,19 +32,22 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from coa.config import derive_seed
-from coa.format import FormatError, Step, parse, render
+from coa.format import OPAQUE_TAGS, FormatError, Step, parse, render
 from coa.teacher.offline.agents import diagnose
 from coa.teacher.orchestrator import critic_request
 from coa.teacher.roles import SYSTEM
 from coa.teacher.run import Teacher, linearise_or_empty, teacher_attempt
 from coa.teacher.transcript import split_parts
-from coa.tools import TOOL_TAGS, failed
+from coa.tools.observation import failed
+from coa.tools.spec import TOOL_TAGS
 
 FIX = "Let me fix it and run it again."
+_TAG_LIKE = re.compile(r"</?([A-Za-z_][A-Za-z0-9_]*)>")
 
 
 def clean_style(distill: Any) -> Any:
@@ -116,6 +119,12 @@ def made_calls(steps: list[Step]) -> list[tuple[str, str, str]]:
     """(tag, body, observation) of every tool call in ``steps`` that got its observation, in order."""
     return [(a.tag, a.content, b.content) for a, b in zip(steps, steps[1:], strict=False)
             if a.tag in TOOL_TAGS and b.tag == "observation"]
+
+
+def _plain(text: str) -> str:
+    """Prose for a non-opaque block: a tag-like token quoted from a tool's output (``<locals>`` in a traceback) loses
+    its angle brackets, which the grammar reserves for tags."""
+    return _TAG_LIKE.sub(r"\1", text)
 
 
 def _key(tag: str, body: str) -> tuple[str, str]:
@@ -191,7 +200,11 @@ class Guide:
                     body[0] = think
                 else:
                     body.insert(0, think)
-        return Turn(render(lead + body), leg_at, call=leg.call)
+        steps = [s if s.tag in OPAQUE_TAGS else Step(s.tag, _plain(s.content)) for s in lead + body]
+        try:
+            return Turn(render(steps), leg_at, call=leg.call)
+        except ValueError as err:  # a body the grammar cannot hold: no turn, and why
+            return Turn(None, reason=f"malformed turn: {err}")
 
     def continuation(self, route: Route, turn: Turn) -> list[tuple[str, str | None]]:
         """The team taking over from ``turn``: [(its turn's text, the observation its call got)], then the route's

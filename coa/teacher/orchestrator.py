@@ -19,7 +19,8 @@ from coa.chat import ChatError
 from coa.format import TOOL_TAGS, Step, double_check_score, reflection_grades, render
 from coa.teacher.roles import SYSTEM, result_fields
 from coa.teacher.transcript import AGENTS, Call, Message, Transcript, split_parts
-from coa.tools import ToolSession, failed
+from coa.tools.observation import failed
+from coa.tools.session import ToolSession
 
 
 @dataclass(frozen=True)

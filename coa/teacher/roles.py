@@ -8,7 +8,7 @@ offline agents write exactly the same text, so one orchestrator serves both back
 from __future__ import annotations
 
 from coa.format import REFLECTION_CRITERIA
-from coa.tools import CODE, CRAWL, SEARCH
+from coa.tools.spec import CODE, CRAWL, SEARCH
 
 _CRITERIA = ", ".join(c.replace("_", " ") for c in REFLECTION_CRITERIA)
 

@@ -37,10 +37,11 @@ from coa.format import extract_answer
 from coa.launch import kill_point
 from coa.progress import progress
 from coa.prompts import system_prompt
-from coa.rewards import check, f1, format_ok
+from coa.rewards import CODE_LIMITS, check, check_limits, f1, format_ok
 from coa.teacher import Team, TeamLimits, Transcript, run_team, team_factory
 from coa.teacher.trajectory import FILTERS, Filters, Shape, filter_reason, linearise, shape
-from coa.tools import ToolSession, build_tools
+from coa.tools.sandbox import SandboxLimits
+from coa.tools.session import ToolSession, build_tools
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +59,21 @@ def describe_backend(teacher: Any) -> str:
 
 @dataclass(frozen=True)
 class Teacher:
-    """What every attempt of the teacher team uses: the team factory, the tools and the limits."""
+    """What every attempt of the teacher team uses: the team factory, the tools and the limits, and the hidden
+    tests' limits its answers are checked under."""
 
     factory: Callable[[str, random.Random], Team]
     tools: dict[str, Any]
     max_observation_chars: int
     limits: TeamLimits
+    code_limits: SandboxLimits = CODE_LIMITS
 
 
 def make_teacher(cfg: DistillConfig, tools_cfg: ToolsConfig, index_dir: str | None, store: Any = None) -> Teacher:
     """The teacher of `distill.teacher`/`offline`/`limits` with the tools of `common.tools` (`store`: the
-    web_cache's, coa.runtime.web_store)."""
+    web_cache's, coa.tools.webcache.stage_store)."""
     return Teacher(team_factory(cfg.teacher, cfg.offline), build_tools(tools_cfg, index_dir=index_dir, store=store),
-                   tools_cfg.max_observation_chars, TeamLimits(**to_dict(cfg.limits)))
+                   tools_cfg.max_observation_chars, TeamLimits(**to_dict(cfg.limits)), check_limits(tools_cfg))
 
 
 def teacher_attempt(teacher: Teacher, task: dict[str, Any], seed: int, judge: Any = None) -> tuple[Transcript, bool]:
@@ -79,7 +82,7 @@ def teacher_attempt(teacher: Teacher, task: dict[str, Any], seed: int, judge: An
     team = teacher.factory(task["domain"], rng)
     session = ToolSession(teacher.tools, teacher.max_observation_chars, goal=task["question"])
     t = run_team(task["question"], task["domain"], team, session, teacher.limits)
-    return t, check(task["domain"], t.answer, task, judge)
+    return t, check(task["domain"], t.answer, task, judge, teacher.code_limits)
 
 
 def linearise_or_empty(t: Transcript) -> tuple[str, str | None]:

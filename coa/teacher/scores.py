@@ -236,8 +236,8 @@ def _parse_tokenize(data: Any) -> dict[str, Any]:
 
 
 def open_scorer(teacher: Any, root: str | Path, mode: str, tokenizer: Any, max_tokens: int) -> Scorer:
-    """The scorer of the LLM at ``teacher`` (params distill.teacher: base_url, model, api_key_env, timeout_s,
-    max_retries, max_concurrency; whatever its ``backend``, which is the distill stage's team) over the store at
+    """The scorer of the LLM at ``teacher`` (params distill.teacher, a coa.config.ChatEndpointConfig: base_url,
+    model, api_key_env, timeout_s, max_retries, max_concurrency; whatever its ``backend``, which is the distill stage's team) over the store at
     ``root`` in ``mode`` (record | replay), its tokenizer checked against ``tokenizer`` for rollouts of up to
     ``max_tokens``; one line (SystemExit) when it cannot be."""
     if mode not in MODES:
@@ -250,8 +250,7 @@ def open_scorer(teacher: Any, root: str | Path, mode: str, tokenizer: Any, max_t
                          "record them first (scores: record) or `dvc pull` the store") from None
     client = None
     if mode == "record":
-        client = ChatClient(teacher.base_url, teacher.model, teacher.api_key_env, timeout_s=teacher.timeout_s,
-                            max_retries=teacher.max_retries, max_concurrency=teacher.max_concurrency)
+        client = ChatClient.of(teacher)  # the endpoint section's retries, timeout and concurrency cap
     scorer = Scorer(store, teacher.model, client, where, teacher.max_concurrency)
     scorer.check_tokenizer(tokenizer, max_tokens)
     return scorer

@@ -23,7 +23,7 @@ from coa.format import FormatError, parse
 from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, decode
 from coa.rollout.types import Rollout
 from coa.teacher.guide import Guide, Turn, made_calls
-from coa.tools import failed
+from coa.tools.observation import failed
 
 
 @dataclass

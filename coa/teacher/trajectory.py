@@ -31,7 +31,7 @@ from coa.format import (
     tag_sequence,
 )
 from coa.teacher.transcript import AGENTS, Transcript
-from coa.tools import TOOL_TAGS
+from coa.tools.spec import TOOL_TAGS
 
 FILTERS = ("no_answer", "correct", "min_tool_calls", "web_reflection", "malformed", "too_long")
 

@@ -1,12 +1,12 @@
 """crawl_page: reads the pages the agent names (`url | url`), from the local corpus or the live web.
 
-    tool = SPEC.build(params.common.tools, ToolContext(index_dir="data/index"))
+    tool = build(params.common.tools, ToolContext(index_dir="data/index"))
     tool("https://wiki.coa.local/orvane-labs")   # '## Page: Orvane Labs (https://...)\\n<text>'
 
 `common.tools.crawl_provider`: `index` looks each URL up in data/index; `http` fetches it under the
 URL policy of `common.tools.crawl` (coa.tools.fetch: timeouts, size cap, redirects, robots.txt, no
 private addresses) and extracts its main text; with `common.tools.summariser` enabled, an LLM condenses
-each page against the agent's goal (the task's question), as the paper's crawl tool does. With
+each page against the agent's goal (the task's question), as the paper's crawl tool does (coa.tools.summarise). With
 `common.tools.web_cache` record/replay, every page (raw bytes and text) and summary goes through the
 store, failures included (whatever failed: a hostile page's every trick ends as a FetchError, see
 coa.tools.fetch), so a replay answers exactly as the recorded run was answered.
@@ -18,7 +18,9 @@ import hashlib
 import logging
 from typing import Any
 
-from coa.tools.spec import GOAL, Tool, ToolContext, ToolSpec
+from coa.tools.context import GOAL, Tool, ToolContext
+from coa.tools.observation import truncate
+from coa.tools.spec import CRAWL
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +38,11 @@ def page_observation(title: str, url: str, body: str) -> str:
 def crawl_tool(pages: Any, page_chars: int, summariser: Any = None) -> Tool:
     """The tool over `pages(url) -> (title, text) | str` (a str is the error the agent reads);
     `summariser(url, title, text)` condenses each page (an LLM at scale)."""
-    from coa.format import truncate
 
     def crawl_page(content: str) -> str:
         urls = crawl_urls(content)
         if not urls:
-            return f"Error: no URL given. Write URLs inside {SPEC.call('...')}, separated by |."
+            return f"Error: no URL given. Write URLs inside {CRAWL.call('...')}, separated by |."
         parts = []
         for url in urls:
             page = pages(url)
@@ -97,7 +98,7 @@ def web_pages(fetcher: Any, store: Any = None) -> Any:
 
 
 def llm_summariser(summariser: Any, model: str, store: Any = None) -> Any:
-    """`(url, title, text) -> summary` against GOAL by `summariser` (coa.tools.fetch.Summariser), recorded
+    """`(url, title, text) -> summary` against GOAL by `summariser` (coa.tools.summarise.Summariser), recorded
     with the model that wrote it; a failure comes back as the text the agent reads."""
     from coa.tools.fetch import FetchError
     from coa.tools.webcache import ReplayMiss
@@ -124,13 +125,11 @@ def llm_summariser(summariser: Any, model: str, store: Any = None) -> Any:
 def build(cfg: Any, ctx: ToolContext) -> Tool | None:
     if cfg.crawl_provider == "index":
         return None if ctx.index is None else crawl_tool(index_pages(ctx.index), cfg.page_chars, ctx.summariser)
-    from coa.tools.fetch import Fetcher, Summariser
+    from coa.tools.fetch import Fetcher
+    from coa.tools.summarise import Summariser
 
     summariser = ctx.summariser
     if summariser is None and cfg.summariser is not None and cfg.summariser.enabled:
         summariser = llm_summariser(Summariser(cfg.summariser), cfg.summariser.model, ctx.store)
     return crawl_tool(web_pages(Fetcher(cfg.crawl), ctx.store), cfg.page_chars, summariser)
 
-
-SPEC = ToolSpec(tag="crawl_page", domains=("web",), body="url | url",
-                does="reads pages; their text comes back in <observation>.", build=build)

@@ -1,10 +1,7 @@
-"""crawl_page over HTTP: fetch a URL under a URL policy, extract its main text, summarise it against a goal.
+"""crawl_page over HTTP: fetch a URL under a URL policy and extract its main text (coa.tools.summarise condenses it).
 
     fetcher = Fetcher(params.common.tools.crawl)
     page = fetcher.fetch("https://example.org/a")   # Page(url, final_url, status, title, text, raw, ...)
-    summariser = Summariser(params.common.tools.summariser)
-    summariser.summarise("Who founded Orvane Labs?", page.final_url, page.title, page.text)  # -> the summary
-    summariser.usage                                 # Counter: calls, prompt_tokens, completion_tokens
 
 The policy (`common.tools.crawl`) assumes every page is hostile. http(s) only; redirects followed one hop at a
 time, each hop checked again; max_concurrency requests at once across threads; retries with backoff and
@@ -38,7 +35,6 @@ import socket
 import threading
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +44,6 @@ from urllib.robotparser import RobotFileParser
 import httpcore
 import httpx
 
-from coa.chat import ChatClient, ChatError
 from coa.tools.extract import Extractor, FetchError, extract, failure  # noqa: F401 - extract is part of this API
 
 log = logging.getLogger(__name__)
@@ -437,34 +432,3 @@ class Fetcher:
             parser.parse(lines)
             parser = self._robots.setdefault(origin, parser)
         return parser.can_fetch(self.cfg.user_agent, str(url))
-
-
-class Summariser:
-    """Condenses a page against the agent's goal with an LLM (`SummariserConfig`); thread-safe. `usage` keeps
-    running totals of what the endpoint reported (calls, prompt_tokens, completion_tokens) for billing."""
-
-    def __init__(self, cfg: Any, *, backoff_s: float = 1.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.cfg = cfg
-        self.client = ChatClient(cfg.base_url, cfg.model, cfg.api_key_env or None, timeout_s=cfg.timeout_s,
-                                 max_retries=cfg.max_retries, backoff_s=backoff_s, temperature=0.0,
-                                 max_concurrency=cfg.max_concurrency, max_tokens=cfg.max_tokens, sleep=sleep)
-        self.usage: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def summarise(self, goal: str, url: str, title: str, text: str) -> str:
-        from coa.prompts import summariser_messages  # here: coa.prompts imports coa.tools
-
-        try:
-            reply = self.client.complete(summariser_messages(goal, url, title, text[: self.cfg.input_chars]))
-        except ChatError as err:
-            log.warning("summariser: %s", err)
-            what = f"HTTP {err.status}" if err.status else "no answer"
-            raise FetchError(f"the page summariser failed ({what} from {self.cfg.base_url})") from err
-        with self._lock:
-            self.usage.update({"calls": 1, **{k: v for k, v in (reply.usage or {}).items()
-                                              if k in ("prompt_tokens", "completion_tokens")}})
-        return reply.text.strip()
-
-    def close(self) -> None:
-        self.client.close()

@@ -1,48 +1,21 @@
-"""What a tool is: a tag the policy writes, the domains that may call it, its line in the system prompt
-and how it is built from `common.tools`. Each tool is one module of this package holding its `SPEC`;
-`coa.tools.TOOLS` lists them and everything else (the format's grammar, prompts, rewards, the teacher,
-the CLI) reads tags from there.
+"""What the tools are, as text: the tag the policy writes, the domains that may call it, its line in the
+system prompt; and the code tool's body, a fenced Python block. Nothing here runs a tool, so what only
+describes the tools (the format's grammar, the prompts, the tokenizer's tags, SFT) depends on no sandbox,
+fetcher or index; coa.tools.session builds the tools themselves.
 
-    SPEC = ToolSpec(tag="web_search", domains=("web",), body="query",
-                    does="searches the web; results come back in <observation>.", build=build)
-    SPEC.usage                      # '<web_search>query</web_search> searches the web; ...'
-    SPEC.call("founder of Orvane")  # '<web_search>founder of Orvane</web_search>'
+    SEARCH.usage                      # '<web_search>query</web_search> searches the web; ...'
+    SEARCH.call("founder of Orvane")  # '<web_search>founder of Orvane</web_search>'
+    tools_of("math")                  # ('code',)
+    code_source("```python\\nprint(1)\\n```")   # 'print(1)'
 
-A built tool is any callable `str -> str`: the tag's content in, the observation text out; it never
-raises for bad input (that comes back as an observation). The agent's goal (the task's question), which
-a page summariser needs, is `GOAL.get()` while a ToolSession runs the call.
+Adding a tool: its ToolSpec here (and in TOOLS), a module of this package with its `build`, an entry in
+coa.tools.session.BUILDERS (docs/design.md, "Adding a tool").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextvars import ContextVar
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-Tool = Callable[[str], str]
-GOAL: ContextVar[str] = ContextVar("coa_tool_goal", default="")
-
-
-@dataclass
-class ToolContext:
-    """What building a tool may need beyond `common.tools`: the local index (loaded once, on first use), the
-    record/replay store of web requests, and a summariser override (tests)."""
-
-    index_dir: str | Path | None = None
-    store: Any = None  # coa.tools.webcache.WebStore, or None (web_cache: none)
-    summariser: Callable[[str, str, str], str] | None = None
-    _index: Any = field(default=None, repr=False)
-
-    @property
-    def index(self) -> Any:
-        """The BM25 index of data/index (coa.tools.search.BM25Index), or None without an index_dir."""
-        if self._index is None and self.index_dir is not None:
-            from coa.tools.search import BM25Index
-
-            self._index = BM25Index.load(self.index_dir)
-        return self._index
+import re
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -51,7 +24,6 @@ class ToolSpec:
     domains: tuple[str, ...]      # the task domains whose agents may call it
     body: str                     # what goes inside, as the system prompt shows it
     does: str                     # the rest of its system-prompt line
-    build: Callable[[Any, ToolContext], Tool | None]  # (common.tools, context) -> the tool, or None: not available
     opaque: bool = False          # the body is raw text (code): tag-like text inside it is content
     repeat_note: str | None = None  # an identical repeated call in a trajectory gets this note ({content}) instead
 
@@ -63,3 +35,47 @@ class ToolSpec:
     def usage(self) -> str:
         """Its line in the system prompt."""
         return f"{self.call(self.body)} {self.does}"
+
+
+SEARCH = ToolSpec(tag="web_search", domains=("web",), body="query",
+                  does="searches the web; results come back in <observation>.",
+                  repeat_note="Already searched for '{content}'; the results are in an earlier observation.")
+CRAWL = ToolSpec(tag="crawl_page", domains=("web",), body="url | url",
+                 does="reads pages; their text comes back in <observation>.")
+CODE = ToolSpec(tag="code", domains=("math", "code"), body="```python ...```",
+                does="runs a Python program; its output comes back in <observation>.", opaque=True)
+TOOLS: tuple[ToolSpec, ...] = (SEARCH, CRAWL, CODE)
+BY_TAG = {spec.tag: spec for spec in TOOLS}
+TOOL_TAGS = tuple(BY_TAG)
+
+
+def tools_of(domain: str) -> tuple[str, ...]:
+    """The tags a domain's agents may call."""
+    return tuple(spec.tag for spec in TOOLS if domain in spec.domains)
+
+
+# --------------------------------------------------------------------------- the code tool's body
+
+_FENCE_OPEN_RE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[ \t]*\r?\n", re.MULTILINE)
+_FENCE_CLOSE_RE = re.compile(r"\r?\n[ \t]*```[ \t]*(?:\r?\n|\Z)")
+_PYTHON_FENCES = ("", "py", "python", "py3", "python3")
+
+
+def code_source(content: str) -> str:
+    """The Python source in a ``<code>`` body: the first fenced block, else the stripped content.
+
+    The opening fence must start a line and be ```` ```python ````, ```` ```py ````
+    or bare ```` ``` ```` (another language gives the stripped content); the
+    block ends at the next line holding only a fence, or (truncated text) at the end.
+    """
+    opening = _FENCE_OPEN_RE.search(content)
+    if opening is None or opening.group(1).lower() not in _PYTHON_FENCES:
+        return content.strip()
+    closing = _FENCE_CLOSE_RE.search(content, opening.end() - 1)
+    return content[opening.end() : closing.start() if closing else len(content)]
+
+
+def format_code(source: str) -> str:
+    """A ``<code>`` body holding ``source`` in a python fence (a trailing "\\r" reads back as part of a CRLF
+    line ending, so code_source drops it)."""
+    return f"```python\n{source}\n```"

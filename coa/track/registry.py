@@ -4,17 +4,22 @@
     version = register(Path("models/rl"), "coa-policy", {"coa.stage": "rl"})   # a no-op when registered
     folder = resolve("models:/coa-policy@champion")                              # a local HF folder
 
-Registering does not depend on a stage having just run: `register` looks the folder's content hash
-(`coa.io.md5_path`, tag `coa.model_md5`) up in the registry and logs the model only when no version holds
-it, so the rl stage, `coa promote` and the Prefect flow can all call it, in any order, any number of
-times. Models are logged with MLflow's transformers flavor (task text-generation, with its signature), so
-the MLflow UI lists them as models and `mlflow.transformers.load_model("models:/coa-policy@champion")`
-loads a pipeline. Every failure is a `RegistryError` with one line that says what to do.
+Registering does not depend on a stage having just run: `register` looks the folder's md5 up in the registry
+(tag `coa.model_md5`: the md5 DVC records for the out in dvc.lock, `coa.track.runs.dvc_md5`, a folder's `.dir`
+hash) and logs the model only when no version holds it, so the rl stage, `coa promote` and the Prefect flow
+can all call it, in any order, any number of times. A version carries that md5, the git commit
+(`coa.git_commit`) and, once `coa promote` has read eval's metrics, its accuracy (`coa.eval_accuracy`); its
+description says the same and whether dvc.lock records that md5 for the folder.
+
+Models are logged with MLflow's transformers flavor (task text-generation) from the folder as written: its
+files are copied byte for byte (a bf16 checkpoint stays bf16), never reloaded, so the MLflow UI lists them as
+models and `mlflow.transformers.load_model("models:/coa-policy@champion")` loads a pipeline. Nothing asks the
+Hugging Face Hub: the model card is written here and MLflow's license lookup fails at once (offline mode).
+Every failure is a `RegistryError` with one line that says what to do.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import subprocess
@@ -24,10 +29,11 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from coa.io import md5_path
-from coa.track.runs import experiment_id, tracking_uri
+from coa.track.runs import dvc_md5, experiment_id, locked_outs, tracking_uri
 
 MD5_TAG = "coa.model_md5"
+COMMIT_TAG = "coa.git_commit"
+ACCURACY_TAG = "coa.eval_accuracy"
 TASK = "text-generation"
 log = logging.getLogger(__name__)
 
@@ -71,19 +77,23 @@ def find(client: Any, name: str, digest: str) -> Any | None:
     return max(found, key=lambda v: int(v.version)) if found else None
 
 
-def workspace_description(model_dir: Path, accuracy: float | None = None) -> str:
-    """What a version is: eval accuracy (when known), git commit, dvc.lock hash, content hash."""
-    parts = [f"eval accuracy {accuracy:.4f} (metrics/eval.json)"] if accuracy is not None else []
+def git_commit() -> str:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    parts.append(f"git commit {commit}")
-    lock = Path("dvc.lock")
-    if lock.exists():
-        parts.append(f"dvc.lock md5 {hashlib.md5(lock.read_bytes()).hexdigest()[:12]}")
-    parts.append(f"{model_dir} md5 {md5_path(model_dir)}")
+        return "unknown"
+
+
+def workspace_description(model_dir: Path, accuracy: float | None = None, digest: str | None = None) -> str:
+    """What a version is: eval accuracy (when known), git commit, the md5 DVC records for the folder and
+    whether the checkout's dvc.lock holds that md5 for it."""
+    parts = [f"eval accuracy {accuracy:.4f} (metrics/eval.json)"] if accuracy is not None else []
+    parts.append(f"git commit {git_commit()}")
+    digest = digest or dvc_md5(model_dir)
+    locked = locked_outs().get(Path(os.path.relpath(model_dir)).as_posix())  # dvc.lock's paths: from the root
+    where = ("as dvc.lock records it" if locked == digest else "not in dvc.lock" if locked is None
+             else f"dvc.lock then recorded {locked}: a run not yet locked, or a changed folder")
+    parts.append(f"DVC md5 of {model_dir} {digest} ({where})")
     return "; ".join(parts)
 
 
@@ -106,19 +116,46 @@ def _hub_offline() -> Iterator[None]:
             os.environ["HF_HUB_OFFLINE"] = env
 
 
-def _log_transformers_model(mlflow: Any, model_dir: Path) -> Any:
-    """The folder as an MLflow transformers-flavor model in the active run (model info)."""
+@contextmanager
+def _pipeline_classes() -> Iterator[None]:
+    """MLflow 3.17 logs a checkpoint folder under its task's pipeline class, read as
+    `transformers.pipelines.check_task(task)[1]["impl"].__name__`; transformers 5 names the class there as a
+    dotted string (AttributeError). Inside the block check_task gives the class itself, as transformers 4 did."""
+    import importlib
+
+    from transformers import pipelines
+
+    original = pipelines.check_task
+
+    def check_task(task: str) -> Any:
+        name, meta, options = original(task)
+        if isinstance(meta.get("impl"), str):
+            module, _, cls = meta["impl"].rpartition(".")
+            meta = {**meta, "impl": getattr(importlib.import_module(module), cls)}
+        return name, meta, options
+
+    pipelines.check_task = check_task
+    try:
+        yield
+    finally:
+        pipelines.check_task = original
+
+
+def _log_transformers_model(mlflow: Any, model_dir: Path, digest: str) -> Any:
+    """The folder as an MLflow transformers-flavor model in the active run (model info): MLflow copies the
+    checkpoint's files as they are (no model is loaded) and reads its tokenizer for the pipeline's components."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from huggingface_hub import ModelCard
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    # written here, so that MLflow does not look the card up on the Hub under the folder's name
+    card = ModelCard("---\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n"
+                     f"# {model_dir.name}\n\nA coa policy, registered from {model_dir} as written (DVC md5 {digest}).\n")
     # explicit requirements: MLflow's inference imports torchvision, which this environment does not have
     reqs = [f"torch=={torch.__version__.split('+')[0]}", f"transformers=={transformers.__version__}"]
-    with _hub_offline():
-        return mlflow.transformers.log_model({"model": model, "tokenizer": tokenizer}, name="model", task=TASK,
-                                             pip_requirements=reqs)
+    with _hub_offline(), _pipeline_classes():
+        return mlflow.transformers.log_model(str(model_dir.resolve()), name="model", task=TASK,
+                                             pip_requirements=reqs, model_card=card)
 
 
 def register(model_dir: str | Path, name: str, tags: dict[str, str] | None = None, description: str | None = None,
@@ -128,7 +165,7 @@ def register(model_dir: str | Path, name: str, tags: dict[str, str] | None = Non
     if not (model_dir / "config.json").exists():
         raise RegistryError(f"{model_dir}: no model folder to register; run `dvc repro` (or `dvc pull`) first")
     mlflow, client, uri = _mlflow(uri)
-    digest = md5_path(model_dir)
+    digest = dvc_md5(model_dir)
     existing = find(client, name, digest)
     if existing is not None:
         return existing
@@ -137,9 +174,11 @@ def register(model_dir: str | Path, name: str, tags: dict[str, str] | None = Non
         experiment_id=experiment_id(mlflow, experiment, uri), run_name=f"register {name}",
         tags={"coa.stage": "register"})
     with run:
-        info = _log_transformers_model(mlflow, model_dir)
-        version = mlflow.register_model(info.model_uri, name, tags={**(tags or {}), MD5_TAG: digest})
-    client.update_model_version(name, version.version, description=description or workspace_description(model_dir))
+        info = _log_transformers_model(mlflow, model_dir, digest)
+        version = mlflow.register_model(info.model_uri, name,
+                                        tags={**(tags or {}), MD5_TAG: digest, COMMIT_TAG: git_commit()})
+    client.update_model_version(name, version.version,
+                                description=description or workspace_description(model_dir, digest=digest))
     log.info("registered %s version %s (%s)", name, version.version, model_dir)
     return client.get_model_version(name, version.version)
 
@@ -160,9 +199,10 @@ def _hf_folder(local: Path) -> Path:
     if (local / "config.json").exists() or not (local / "MLmodel").exists():
         return local
     merged = Path(tempfile.mkdtemp(prefix="coa-model-"))
-    for part in (local / "model", local / "components" / "tokenizer"):
+    for part in (local / "model", local / "components" / "tokenizer"):  # the checkpoint's own files first
         for f in part.glob("*") if part.is_dir() else []:
-            (merged / f.name).symlink_to(f.resolve())
+            if not (merged / f.name).exists():
+                (merged / f.name).symlink_to(f.resolve())
     if not (merged / "config.json").exists():
         raise RegistryError(f"{local}: an MLflow model without transformers weights; register it with coa.track.registry")
     return merged

@@ -5,19 +5,24 @@
         run.log_metrics({"tasks": 1200})
 
 Lineage tags of a stage's run (``lineage_tags``): git commit (and whether the tree was dirty), the
-hash of every dependency (from dvc.lock where an upstream stage recorded it, else hashed the way DVC
-hashes a file), and a pipeline-run id shared by all stages of one run: `COA_PIPELINE_RUN_ID` when set
-(the Makefile and the Prefect flow set it), else derived from the `dvc repro` process that started us.
+hash of every dependency (from dvc.lock where an upstream stage recorded it, else ``dvc_md5``: the md5 DVC
+itself computes, a folder's `.dir` hash included), and a pipeline-run id shared by all stages of one run:
+`COA_PIPELINE_RUN_ID` when set (the Makefile and the Prefect flow set it), else derived from the `dvc repro`
+process that started us.
 Registering a stage's model is coa.track.registry.register_model (the registry imports this module, never
 the other way round).
 
 The tracking store is `MLFLOW_TRACKING_URI` when set (a team server), else a local SQLite store in
-the ignored folder `.mlflow/` (artifacts beside it). The stage's wall time is logged as the metric
-`wall_time_s` when the block ends, also when it fails (the run is then marked FAILED).
+the ignored folder `.mlflow/`; a SQLite store keeps its artifacts beside its file, so MLflow never writes
+`./mlruns` into the working tree. The stage's wall time is logged as the metric `wall_time_s` when the block ends,
+also when it fails (the run is then marked FAILED), with the link to the experiment's runs view
+(``runs_view_url``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -52,23 +57,41 @@ def tracking_uri(root: Path | None = None) -> str:
     return _local_uri(root)
 
 
-# The MLflow 3 UI opens an experiment without this tag in its GenAI view; these are classic ML runs.
+# What the experiment holds: classic ML runs. MLflow 3.0-3.x UIs read this tag; 3.17's ignores it and opens every
+# experiment in its GenAI view unless the URL says otherwise (runs_view_url) or the browser has switched once.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# `mlflow ui`'s address, for links into the local store (it serves whatever store it is given).
+LOCAL_UI = "http://127.0.0.1:5000"
 
 
-def experiment_id(mlflow: Any, name: str, uri: str, root: Path | None = None) -> str:
+def runs_view_url(uri: str, experiment: str, run_id: str | None = None) -> str:
+    """The MLflow UI's page of an experiment's runs as a table, ML runs (or of one run): MLflow 3.17 has no
+    server or experiment setting for its default view, only the `workflowType` query parameter (its "Model
+    training" switch; the switch, once used, is remembered by the browser). A local store's link points at
+    `mlflow ui` on its default address."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+    page = f"runs/{run_id}" if run_id else "runs"
+    return f"{base}/#/experiments/{experiment}/{page}?workflowType=machine_learning"
+
+
+def experiment_id(mlflow: Any, name: str, uri: str) -> str:
     """The id of experiment ``name`` (created when missing), marked as a machine-learning experiment."""
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND["mlflow.experimentKind"]:
             mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return exp.experiment_id
-    # The local store keeps artifacts beside it (MLflow's default is ./mlruns of the working directory).
-    # Decided by the URI, not by the environment: mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI.
-    artifact_location = None
-    if uri == _local_uri(root):
-        artifact_location = ((root or Path.cwd()) / LOCAL_DIR / "artifacts").resolve().as_uri()
-    return mlflow.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
+    return mlflow.create_experiment(name, artifact_location=artifact_location(uri), tags=EXPERIMENT_KIND)
+
+
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment of the store at ``uri`` keeps its artifacts: beside a SQLite store's file (the local
+    store: .mlflow/artifacts), never MLflow's default, ./mlruns of the working directory (the project, when a stage
+    runs); None for a server, which has its own artifact root. Decided by the URI, not by the environment:
+    mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "artifacts").as_uri()
 
 
 @dataclass
@@ -125,7 +148,7 @@ def stage_run(
 
     uri = tracking_uri(root)
     mlflow.set_tracking_uri(uri)
-    exp_id = experiment_id(mlflow, experiment, uri, root)
+    exp_id = experiment_id(mlflow, experiment, uri)
     start = time.perf_counter()
     with mlflow.start_run(experiment_id=exp_id, run_name=stage, tags={"coa.stage": stage, **tags}) as active:
         flat = {k: str(v)[:500] for k, v in flatten(params).items()}
@@ -138,7 +161,8 @@ def stage_run(
         finally:
             wall = time.perf_counter() - start
             mlflow.log_metric("wall_time_s", wall)
-            log.info("%s: wall time %.1f s (MLflow run %s)", stage, wall, active.info.run_id)
+            log.info("%s: wall time %.1f s (MLflow run %s; the runs: %s)", stage, wall, active.info.run_id,
+                     runs_view_url(uri, exp_id))
 
 
 # ----------------------------------------------------------------------------- lineage
@@ -161,25 +185,40 @@ def _interpolate(text: str, params: dict[str, Any]) -> str:
     return re.sub(r"\$\{([^}]+)\}", lookup, text)
 
 
+def dvc_md5(path: Path) -> str:
+    """The md5 DVC records in dvc.lock for an out or dep at ``path`` (DVC 3, `hash: md5`): a file's md5; a
+    folder's is the md5 of its listing as dvc-data writes it (`Tree.as_bytes`: JSON of every file's md5 and POSIX
+    relative path, sorted by path, keys sorted) with '.dir' after it."""
+    if path.is_file():
+        return md5_path(path)
+    entries = sorted(({"md5": md5_path(p), "relpath": p.relative_to(path).as_posix()}
+                      for p in path.rglob("*") if p.is_file()), key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
+
+
+def locked_outs(root: Path = Path(".")) -> dict[str, str]:
+    """path -> md5 of every stage's outs in ``root``/dvc.lock (empty without one)."""
+    lock = root / "dvc.lock"
+    if not lock.exists():
+        return {}
+    return {out["path"]: out.get("md5", "") for entry in (yaml.safe_load(lock.read_text()) or {}).get(
+        "stages", {}).values() for out in entry.get("outs", [])}
+
+
 def dep_hashes(stage: str, raw_params: dict[str, Any], root: Path = Path(".")) -> dict[str, str]:
     """Hash of each dependency of `stage` in dvc.yaml: dvc.lock's when recorded as an upstream out."""
     dvc_yaml = root / "dvc.yaml"
     if not dvc_yaml.exists():
         return {}
     spec = yaml.safe_load(dvc_yaml.read_text())["stages"].get(stage, {})
-    locked: dict[str, str] = {}
-    lock = root / "dvc.lock"
-    if lock.exists():
-        for entry in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
-            for out in entry.get("outs", []):
-                locked[out["path"]] = out.get("md5", "")
+    locked = locked_outs(root)
     hashes = {}
     for dep in spec.get("deps", []):
         path = _interpolate(dep, raw_params)
         if path in locked:
             hashes[path] = locked[path]
         elif (root / path).exists():
-            hashes[path] = md5_path(root / path)
+            hashes[path] = dvc_md5(root / path)
     return hashes
 
 

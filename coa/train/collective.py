@@ -4,6 +4,7 @@
     values = reduce_values([loss_sum, n_tokens], "sum")     # summed over ranks (float64), a list back
     items = gather_objects(local_items)                      # every rank's list, concatenated in rank order
     barrier()                                                # every rank here (on the CPU side group)
+    metrics = memory_by_rank("rl", step)                     # every rank's CUDA memory, logged, as step metrics
 
 NCCL takes CUDA tensors only, gloo CPU tensors (and CUDA ones, by copying): ``placement()`` says where a
 collective's tensor goes for the backend of the default group (NCCL: this rank's current CUDA device; gloo
@@ -21,11 +22,16 @@ under NCCL's watchdog, and a pickled object never travels through GPU memory.
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from coa.device import gpu_memory
+
+log = logging.getLogger(__name__)
 
 _OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 _TIMEOUT: datetime.timedelta | None = None  # every process group's, set by init_distributed
@@ -111,3 +117,17 @@ def gather_objects(items: Sequence[Any], group: Any = None) -> list[Any]:
     parts: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(parts, list(items), group=group)
     return [x for part in parts for x in part]
+
+
+def memory_by_rank(what: str, step: int) -> dict[str, float]:
+    """Every rank's CUDA memory (coa.device.gpu_memory: allocated, reserved, their peaks since the last step, the
+    device's free and total), one log line per rank, and the figures as step metrics ``memory.rank<r>.<figure>_gb``
+    on every rank (a gather over the gloo group: every rank calls); {} off CUDA. ``what`` and ``step`` name the line."""
+    mine = gpu_memory()
+    if not mine:  # no CUDA (on every rank alike)
+        return {}
+    rank = dist.get_rank() if active() else 0
+    log.info("%s step %d rank %d: CUDA memory allocated %.2f GB (peak %.2f), reserved %.2f GB (peak %.2f); device "
+             "free %.2f of %.2f GB", what, step, rank, mine["allocated"], mine["peak_allocated"], mine["reserved"],
+             mine["peak_reserved"], mine["free"], mine["total"])
+    return {f"memory.rank{r}.{k}_gb": v for r, m in enumerate(gather_objects([mine])) for k, v in m.items()}

@@ -12,9 +12,10 @@
   prompts per step); a position in it is a pure function of (epoch seeds, position), so a checkpoint
   stores only how far it got.
 - ``target_logits``: logits only where a target token follows (``logits_to_keep``): [N, V].
-- ``target_hidden``: the lm head's inputs there instead, [N, H]; ``chunked_token_logprobs`` applies the head to
-  them a chunk of positions at a time (RL's log-probs; SFT's cross-entropy with ``sft.logprob_chunk``), and
-  ``n_targets`` counts N before any forward (ZeRO-3 ranks run as many chunks: ``chunk_bounds``' ``min_chunks``).
+- ``target_hidden``: the lm head's inputs there instead, [N, H]; ``chunked_token_logprobs`` (coa.train.head)
+  applies the head to them a chunk of positions at a time in one call of the head module (RL's log-probs; SFT's
+  cross-entropy with ``sft.logprob_chunk``: ZeRO-3 gathers the head once per row), and ``n_targets`` counts N
+  before any forward.
 - ``gradient_checkpointing``: the model's layers recompute their activations in backward, for a block.
 - ``varlen_attention`` / ``attention_impl``: causal attention within each sample of a packed row.
 - ``rng_state`` / ``set_rng_state``: every generator, for exact resume.
@@ -42,10 +43,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from coa.launch import kill_point
 from coa.train.data import IGNORE_INDEX, Batch, Example, collate_packed
+from coa.train.head import chunk_bounds, chunked_token_logprobs, n_chunks  # noqa: F401 - the kit's names, as before
 
 VARLEN = "coa_varlen"
 Attention = Literal["varlen", "mask"]
@@ -274,54 +275,6 @@ def n_targets(examples: Sequence[Example], row: Sequence[int]) -> int:
     """N of a row collated from ``examples[i] for i in row``: its target tokens, the positions ``target_hidden``
     keeps (a sample's first token is never a target); known before any forward."""
     return sum(sum(1 for m in examples[i].loss_mask[1:] if m) for i in row)
-
-
-def chunk_bounds(n: int, chunk: int, min_chunks: int = 1) -> list[tuple[int, int]]:
-    """[lo, hi) of ``n`` positions in chunks of ``chunk`` (the last one shorter), then empty chunks (n, n) up to
-    ``min_chunks`` in all: ZeRO-3 gathers the head's shards in every chunk, so ranks run as many."""
-    bounds = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
-    return bounds + [(n, n)] * (min_chunks - len(bounds))
-
-
-def n_chunks(n: int, chunk: int) -> int:
-    """How many chunks ``chunk_bounds(n, chunk)`` makes: ceil(n / chunk), at least 1."""
-    return max(1, math.ceil(n / chunk))
-
-
-def chunked_token_logprobs(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
-                           temperature: float = 1.0, chunk: int = 1024, min_chunks: int = 1,
-                           with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the targets (and entropy) of ``head(hidden)`` without its [N, V] logits ever existing whole.
-
-    hidden: [N, H], the final hidden states of the N positions a target follows (``target_hidden``), in the
-    model's dtype; head: the lm head, [n, H] -> [n, V] (a module: its weight may be ZeRO-3 shards it gathers
-    itself); targets: [N]. Returns (log-probs [N] float32, entropy [N] float32 or None). Per chunk of ``chunk``
-    positions the head's logits are upcast to float32 for log_softmax, the target's log-prob gathered and, under
-    grad, the chunk runs in ``torch.utils.checkpoint`` (non-reentrant): backward recomputes its logits instead of
-    keeping them, so only hidden [N, H] and one chunk's [chunk, V] live at a time. The entropy is a metric: no
-    grad, computed in the chunk's forward only (not again in the recompute). The same values as the
-    whole-vocabulary coa.train.dapo.loss.token_logprobs and entropy, row for row (SFT's cross-entropy is minus
-    the log-probs at temperature 1); ``min_chunks``: see chunk_bounds.
-    """
-    t = max(temperature, 1e-6)
-    lps: list[torch.Tensor] = []
-    ents: list[torch.Tensor] = []
-    for lo, hi in chunk_bounds(hidden.shape[0], chunk, min_chunks):
-
-        def piece(h: torch.Tensor, tgt: torch.Tensor, done: list[bool]) -> torch.Tensor:
-            logp = torch.log_softmax(head(h).float() / t, dim=-1)  # [n, V], this chunk only
-            if with_entropy and not done[0]:  # the first call; a recompute in backward skips it
-                done[0] = True
-                with torch.no_grad():
-                    ents.append(-(logp.exp() * logp).sum(-1))
-            return logp.gather(-1, tgt[:, None]).squeeze(-1)
-
-        h, tgt = hidden[lo:hi], targets[lo:hi]
-        if torch.is_grad_enabled():
-            lps.append(checkpoint(piece, h, tgt, [False], use_reentrant=False, preserve_rng_state=False))
-        else:
-            lps.append(piece(h, tgt, [False]))
-    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
 
 
 @contextmanager

@@ -5,6 +5,7 @@
     result = train_sft(model, examples, cfg, seed=derive_seed(seed, "sft"), pad_id=tok.pad_token_id,
                        ckpt_dir=".cache/sft", log_fn=lambda step, m: print(step, m["loss"]))
     result.model                 # the trained float32 model (None on DeepSpeed ranks > 0)
+    result.trained               # what trained, on every rank (the DeepSpeed engine: sharded under ZeRO-3): the tail's
 
 Data order. The unit is a *row*: packed rows from ``coa.train.data.pack`` (``cfg.pack``) or one sample per row.
 Each epoch is a seeded permutation of the rows (``derive_seed(seed, "sft", "epoch", e)``); epochs are
@@ -23,8 +24,9 @@ every decoder layer in backward (coa.train.kit.gradient_checkpointing, for the l
 stops the forward at the final hidden states of the N targets (coa.train.kit.target_hidden) and takes each token's
 cross-entropy as minus coa.train.kit.chunked_token_logprobs, that many positions at a time: the float32 logits
 exist one chunk at a time and backward recomputes them (0: the [N, V] logits of the whole micro-batch at once).
-Under ZeRO-3 every chunk gathers the lm head's shards, so every rank runs as many chunks in a micro-batch as the
-rank with the most targets there (counted from the step's rows, which every rank knows: no collective). Neither
+Under ZeRO-3 the lm head's shards are gathered once per micro-batch whatever its chunks (coa.train.head: one call of
+the head module); every rank still runs as many chunks as the rank with the most targets there (counted from the
+step's rows, which every rank knows: no collective). Neither
 changes a figure beyond rounding, and neither is part of what a checkpoint is valid for.
 
 Attention. ``attention="varlen"`` (default) registers the attention function ``coa_varlen`` with
@@ -67,7 +69,7 @@ from tqdm import tqdm
 
 from coa.config import SftConfig, derive_seed, to_dict
 from coa.device import cpu_capability, default_device, resolve_dtype
-from coa.train.collective import reduce_values
+from coa.train.collective import memory_by_rank, reduce_values
 from coa.train.data import Batch, Example, collate_packed, collate_padded, encode_example, pack
 from coa.train.kit import (
     Attention,
@@ -253,6 +255,9 @@ class TrainResult:
     wall_s: float  # this call, setup and checkpoints included
     resumed_from: int  # step of the checkpoint resumed from (0: fresh start)
     history: list[dict[str, float]]  # per-step metrics, also of steps before a resume
+    # what trained, on every rank: the DeepSpeed engine (ZeRO-3: its module sharded, in its training dtype on the
+    # rank's device) or the model in one process; the diagnostics after training run on it (stages/sft.py)
+    trained: Any = None
 
     def metrics(self, examples: Sequence[Example], truncated: int, domains: Sequence[str]) -> dict[str, Any]:
         """metrics/sft.json: the data (examples, their tokens and targets, per domain), the run, the losses."""
@@ -407,6 +412,7 @@ def train_sft(
                        "tokens": n_tok, "target_tokens": n_target,
                        "padding_fraction": 1 - n_tok / max(n_pos, 1), "tokens_per_s": n_tok / dt,
                        "step_s": dt, "epoch": (step + 1) * per_step / len(rows)}
+            metrics.update(memory_by_rank("sft", step + 1))  # each rank's allocated, reserved, device free (CUDA)
             state.history.append({"step": step + 1, **metrics})
             state.step = step + 1
             if ckpt is not None and state.step % cfg.checkpoint_every == 0 and state.step < total:
@@ -431,7 +437,8 @@ def train_sft(
         padding_fraction=1 - n_tokens / n_pos_all if n_pos_all else 0.0,
         first_loss=losses[0], final_loss=losses[-1], mean_loss=sum(losses) / len(losses),
         tokens_per_s=tokens_here / train_s if train_s else 0.0, train_s=train_s,
-        wall_s=time.perf_counter() - start_wall, resumed_from=resumed_from, history=h)
+        wall_s=time.perf_counter() - start_wall, resumed_from=resumed_from, history=h,
+        trained=engine if use_ds else model)
 
 
 def zero_settings(cfg: SftConfig) -> dict[str, Any]:

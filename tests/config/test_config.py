@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from coa.config import ConfigError, Params, derive_seed, flatten, load_params, to_dict
@@ -89,3 +91,30 @@ def test_to_dict_round_trips_through_build(repo_root):
     params = load_params(repo_root / "params.yaml")
     assert build(Params, to_dict(params), "") == params
     assert flatten({"a": {"b": [1, {"c": 2}]}}) == {"a.b.0": 1, "a.b.1.c": 2}
+
+
+def test_the_openai_compatible_endpoint_is_declared_once():
+    """An endpoint's base_url and api_key_env (and a chat endpoint's model, timeout, retries and concurrency) are
+    declared in coa/config/endpoint.py alone: the summariser, the judge, an LLM teacher and an engine inherit
+    them, under the keys params.yaml has always had."""
+    import ast
+
+    from coa.config import (
+        ChatEndpointConfig,
+        EndpointConfig,
+        EngineConfig,
+        JudgeConfig,
+        SummariserConfig,
+        TeacherConfig,
+    )
+
+    shared = {"base_url", "api_key_env", "model", "timeout_s", "max_retries", "max_concurrency"}
+    config = Path(__file__).resolve().parents[2] / "coa" / "config"
+    declared = sorted((path.name, node.target.id) for path in config.glob("*.py")
+                      for cls in ast.parse(path.read_text()).body if isinstance(cls, ast.ClassDef)
+                      and cls.name.endswith(("SummariserConfig", "JudgeConfig", "TeacherConfig", "EngineConfig",
+                                             "EndpointConfig"))
+                      for node in cls.body if isinstance(node, ast.AnnAssign) and node.target.id in shared)
+    assert declared == sorted(("endpoint.py", name) for name in shared)
+    assert all(issubclass(c, ChatEndpointConfig) for c in (SummariserConfig, JudgeConfig, TeacherConfig))
+    assert issubclass(EngineConfig, EndpointConfig) and not issubclass(EngineConfig, ChatEndpointConfig)

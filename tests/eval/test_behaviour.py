@@ -7,7 +7,7 @@ import math
 import pytest
 
 from coa.eval.behaviour import behaviour, rates
-from coa.tools import failed
+from coa.tools.observation import failed
 
 CRASH = "Traceback (most recent call last):\n  File \"<string>\", line 3\nNameError: name 'n' is not defined\n"
 REFLECT_SAME = ("<reflection>information conflict: good\ntool effectiveness: good\ntrajectory monitoring: good\n"

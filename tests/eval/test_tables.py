@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from coa.eval.tables import PAGES, render, stale
+from coa.eval.tables import BLOCKS, PAGES, render, stale
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _copy_pages_and_metrics(tmp_path: Path) -> None:
+    for rel in [*PAGES, "metrics"]:
+        src, dst = ROOT / rel, tmp_path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
 
 
 def test_committed_pages_quote_the_committed_metrics():
@@ -18,10 +25,7 @@ def test_committed_pages_quote_the_committed_metrics():
 
 
 def test_a_changed_metric_makes_the_page_stale(tmp_path: Path):
-    for rel in [*PAGES, "metrics"]:
-        src, dst = ROOT / rel, tmp_path / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
+    _copy_pages_and_metrics(tmp_path)
     eval_json = tmp_path / "metrics/eval.json"
     m = json.loads(eval_json.read_text())
     m["sft"]["accuracy"] = 0.9876
@@ -33,3 +37,15 @@ def test_a_changed_metric_makes_the_page_stale(tmp_path: Path):
 def test_an_unknown_block_is_an_error():
     with pytest.raises(ValueError, match="names no block"):
         render("<!-- figures:nope -->\n<!-- /figures -->", ROOT)
+
+
+def test_every_block_is_on_a_page_and_a_stage_metric_reaches_both_pages(tmp_path: Path):
+    texts = "".join((ROOT / page).read_text() for page in PAGES)
+    assert all(f"<!-- figures:{name} -->" in texts for name in BLOCKS)
+    _copy_pages_and_metrics(tmp_path)
+    sft_json = tmp_path / "metrics/sft.json"
+    m = json.loads(sft_json.read_text())
+    m["peak_rss_gb"] = 7.89
+    sft_json.write_text(json.dumps(m))
+    assert stale(tmp_path) == ["README.md", "docs/sizing.md"]
+

@@ -183,7 +183,8 @@ def test_the_build_takes_a_wrapped_compiler_and_logs_what_stops_it(monkeypatch, 
 
 
 def test_the_wheel_ships_the_kernel_source(tmp_path):
-    """A non-editable install has kernels.c (package data), so the engine builds its kernels there too."""
+    """A non-editable install has kernels.c (package data), so the engine builds its kernels there too, and the
+    sandbox's supervisor program (coa/tools/supervisor.py, which the sandbox reads and runs)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     src = tmp_path / "src"  # a copy: pip builds in the source tree (build/, *.egg-info)
     src.mkdir()
@@ -196,4 +197,4 @@ def test_the_wheel_ships_the_kernel_source(tmp_path):
                           "-q", "-w", str(tmp_path / "out"), str(src)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     (wheel,) = (tmp_path / "out").glob("coa-*.whl")
-    assert "coa/rollout/kernels.c" in zipfile.ZipFile(wheel).namelist()
+    assert {"coa/rollout/kernels.c", "coa/tools/supervisor.py"} <= set(zipfile.ZipFile(wheel).namelist())

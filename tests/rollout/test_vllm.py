@@ -88,3 +88,47 @@ def test_module_chunks_of_a_tied_model_reach_the_engine(tmp_path, tok):
     assert abs(sums["lm_head.weight"] - target) < 1e-6 and abs(sums["model.embed_tokens.weight"] - target) < 1e-6
     norm = float(trained.model.norm.weight.double().sum())
     assert abs(sums["model.norm.weight"] - norm) < 1e-6
+
+
+def test_the_ipc_payload_crosses_vllms_own_msgpack_hop_exactly():
+    """A bucket's load as collective_rpc sends it, (metas, {GPU UUID: IPC handle}), through the encoder and decoder
+    vLLM's client and engine core use (vllm/v1/serial_utils.py, insecure serialization off): the same values, bytes
+    as bytes, back; the handle then binds to torch's rebuild_cuda_tensor by name."""
+    import inspect
+    import os
+
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from coa.rollout import weights
+    from tests.rollout.test_weights import cuda_reduction
+
+    assert os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") in (None, "", "0")
+    rebuild, args, _ = cuda_reduction()
+    handle = weights.handle_fields(rebuild, args)
+    metas = [["model.layers.0.mlp.down_proj.weight", "bfloat16", [3584, 18944], 135790592]]
+    payload = ("coa_load_bucket", (metas, {"GPU-8f3c2a1e-0000-4000-8000-000000000003": handle}))
+    method, (got_metas, handles) = MsgpackDecoder().decode(MsgpackEncoder().encode(payload))
+    got = handles["GPU-8f3c2a1e-0000-4000-8000-000000000003"]
+    assert method == "coa_load_bucket" and got_metas == metas and list(handles) == list(payload[1][1])
+    assert got == handle and {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in handle.items()}
+    inspect.signature(rebuild).bind(**weights.ipc_arguments(got, 0))
+
+
+def test_the_sync_works_with_vllms_processes_spawned_from_a_python_m_module(tmp_path):
+    """As on a GPU node, where CUDA makes vLLM spawn its engine core and workers, from a module run as `python -m`
+    (the stages' way): the engine starts, rolls out, takes new weights and answers with them
+    (tests/rollout/vllm_spawn.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "tests.rollout.vllm_spawn", str(tmp_path)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    report = json.loads((tmp_path / "spawn.json").read_text())
+    assert report["method"] == "spawn" and report["main"] == "tests.rollout.vllm_spawn"
+    assert all(n > 0 for n in report["searched"]) and all(report["answered"]) and report["moved"]

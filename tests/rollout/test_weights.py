@@ -104,6 +104,55 @@ def test_a_tensor_parallel_group_lends_its_buckets_to_the_engines_rank(tmp_path)
     assert r0["group_size"] == 2 and r0["timeout_s"] == r0["collective_timeout_s"] == 300
 
 
+def cuda_reduction() -> tuple:
+    """What ``reduce_tensor`` returns for a CUDA bucket, stood in on a CPU: ``(rebuild_cuda_tensor, args)`` with the
+    args in the order of the function's own parameters and a value of the CUDA type each carries (an IPC handle is
+    bytes, the device an index)."""
+    import inspect
+
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    sample = {"tensor_cls": torch.Tensor, "tensor_size": torch.Size([1 << 20]), "tensor_stride": (1,),
+              "tensor_offset": 0, "storage_cls": torch.storage.TypedStorage, "dtype": torch.uint8, "storage_device": 3,
+              "storage_handle": bytes(range(64)), "storage_size_bytes": 1 << 21, "storage_offset_bytes": 4096,
+              "requires_grad": False, "ref_counter_handle": b"/torch_1234_5678_0", "ref_counter_offset": 16,
+              "event_handle": bytes(64), "event_sync_required": True}
+    names = list(inspect.signature(rebuild_cuda_tensor).parameters)
+    assert set(names) == set(sample), f"torch's rebuild_cuda_tensor takes {names} now: read it again"
+    return rebuild_cuda_tensor, tuple(sample[n] for n in names), sample
+
+
+def test_an_ipc_handle_is_bound_to_rebuild_cuda_tensors_parameters_by_name():
+    """The handle carries reduce_tensor's values under rebuild_cuda_tensor's own parameter names (plain msgpack
+    values: lists, bytes, ints, bools, the storage class's name), and what the worker passes back binds to the real
+    signature by name with every value where torch put it: a torch that reorders its reduction reads the same, one that
+    adds a parameter fails here, on a CPU (the positional payload read args[1..14] by position, tested on a GPU only)."""
+    import inspect
+
+    rebuild, args, sample = cuda_reduction()
+    handle = weights.handle_fields(rebuild, args)
+    assert set(handle) == set(sample) - set(weights.RECEIVER_FILLS)
+    assert all(isinstance(v, (list, bytes, int, bool, str)) for v in handle.values()), handle
+    kwargs = weights.ipc_arguments(handle, device=0)
+    inspect.signature(rebuild).bind(**kwargs)  # every parameter by name, none left over
+    for name, value in sample.items():
+        want = {"tensor_cls": torch.Tensor, "dtype": torch.uint8, "storage_device": 0}.get(name, value)
+        assert kwargs[name] == want, name
+
+    def taking(names: list[str]):  # a rebuild function of torch's with these parameters, in this order
+        def rebuild(*args, **kwargs):
+            return None
+
+        rebuild.__signature__ = inspect.Signature(
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+        return rebuild
+
+    order = sorted(sample)  # a torch that reorders its reduction's args (and its rebuild's parameters with them)
+    assert weights.handle_fields(taking(order), tuple(sample[n] for n in order)) == handle
+    with pytest.raises(TypeError, match="new_field"):  # a torch whose rebuild takes one more parameter
+        inspect.signature(taking([*sample, "new_field"])).bind(**weights.ipc_arguments(handle, 0))
+
+
 @pytest.mark.gpu
 def test_an_ipc_handle_opens_as_the_same_bytes_in_another_process(tmp_path):
     """The real CUDA IPC handle: another process maps the bucket and reads the same bytes."""

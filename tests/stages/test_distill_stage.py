@@ -16,8 +16,8 @@ import polars as pl
 import pytest
 import yaml
 
+from coa.bm25 import BM25Index
 from coa.io import read_table, write_table
-from coa.tools.search import BM25Index
 from schemas import TASK_DTYPES, TASK_STATS_DTYPES, Reject, Task, TaskStats, Transcript
 from tests.fakes.chat_server import ChatServer
 from tests.rollout.scripted import make_tokenizer

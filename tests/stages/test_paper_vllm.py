@@ -24,7 +24,8 @@ from tests.teacher.vllm_server import free_port, vllm_server
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM = {"kind": "vllm", "dtype": "float32", "max_batch": 32,
-        "vllm": {"max_model_len": 2048, "cpu_kv_cache_gb": 1, "enforce_eager": True}}
+        "vllm": {"max_model_len": 2048, "cpu_kv_cache_gb": 1, "enforce_eager": True,
+                 "sleep": False}}  # sleep mode is CUDA's (vLLM's CPU build refuses it)
 PAPER_ON_A_CPU = {  # what a CPU cannot take of the paper preset: the model, the endpoints, the sizes
     "common": {"agent": SMOKE["common"]["agent"], "judge": {"enabled": False},
                "tools": {"search_provider": "bm25", "crawl_provider": "index", "summariser": {"enabled": False}}},

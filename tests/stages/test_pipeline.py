@@ -151,7 +151,7 @@ def test_dvc_repro_runs_every_stage(smoke_repo):
     assert model.config.vocab_size == len(tok)
     assert (smoke_repo / "models/base/coa_config.json").exists()
     assert "no reference" in (smoke_repo / "models/reference/README.md").read_text().lower()
-    from coa.tools.search import BM25Index
+    from coa.bm25 import BM25Index
 
     index = BM25Index.load(smoke_repo / "data/index")
     assert len(index) == read_table(smoke_repo / "data/corpus.parquet", Document).height

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from coa import model as M
+from coa.bm25 import BM25Index
 from coa.io import write_table
-from coa.tools.search import BM25Index
 from schemas import TASK_DTYPES, TASK_STATS_DTYPES, Task, TaskStats
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2
 from tests.stages.test_pipeline import merge
@@ -84,7 +84,7 @@ def test_paper_preset_rl_runs_on_two_gloo_ranks(tmp_path):
     trained = (tmp_path / "models/rl/model.safetensors").read_bytes()
     assert trained != (tmp_path / "models/sft/model.safetensors").read_bytes()
     assert not (tmp_path / ".cache/rl").exists()
-    # rank 0 alone measured the held-out KL, wrote the outputs and logged the run
+    # every rank measured its share of the held-out KL; rank 0 alone wrote the outputs and logged the run
     assert (proc.stdout + proc.stderr).count("KL(RL||SFT)") == 1
 
     import mlflow

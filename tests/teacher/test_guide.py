@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from coa.bm25 import BM25Index
 from coa.format import check_transitions, parse, reflection_grades
 from coa.rewards import check
 from coa.rollout.loop import OBS_CLOSE, OBS_OPEN
@@ -14,11 +15,11 @@ from coa.teacher import TeamLimits
 from coa.teacher.guide import FIX, Guide, Route, legs_of
 from coa.teacher.offline.agents import OfflineStyle, offline_team
 from coa.teacher.run import Teacher
-from coa.tools import ToolSession, failed
 from coa.tools.code import code_tool
 from coa.tools.crawl_page import crawl_tool, index_pages
+from coa.tools.observation import failed
 from coa.tools.sandbox import SandboxLimits
-from coa.tools.search import BM25Index
+from coa.tools.session import ToolSession
 from coa.tools.web_search import search_tool
 
 CLEAN = OfflineStyle(p_direct=0.0, p_snippet=0.8, p_check_forum=0.0, p_critic_catch=0.0, p_lenient=0.0, p_slip=0.0)
@@ -159,3 +160,14 @@ def test_routes_are_seeded_and_cut_at_every_observation(web):
         assert all(leg.call is not None and leg.observation is not None for leg in ra.legs[:-1])
     legs = legs_of("<think>a</think>\n<web_search>q</web_search>\n<observation>o</observation>\n<answer>x</answer>")
     assert [leg.call for leg in legs] == [("web_search", "q"), None] and legs[0].observation == "o"
+
+
+def test_a_traceback_quoting_a_tag_like_name_stays_prose_in_the_teams_reflection():
+    task = generate_math(seed=5, n_tasks=4, splits={"sft": 1.0})[0]
+    guide = guide_for(CODE_TOOLS)
+    bad = "```python\ndef f():\n    def g(x):\n        return x\n    return g()\nprint(f())\n```"
+    obs = CODE_TOOLS["code"](bad)
+    assert "f.<locals>.g()" in obs and failed("code", obs)  # the error line names a tag-like <locals>
+    turn = guide.next_turn(guide.route(task), f"<plan>p</plan>\n<think>t</think>\n<code>{bad}</code>{OBS_OPEN}{obs}{OBS_CLOSE}")
+    steps = parse(turn.text)
+    assert [s.tag for s in steps] == ["reflection", "think", "code"] and "f.locals.g()" in steps[0].content

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from coa.bm25 import BM25Index
 from coa.format import parse
 from coa.rewards import check
 from coa.tasks.adapters import read_source
@@ -24,9 +25,8 @@ from coa.teacher.offline.web import (
     yes_no,
 )
 from coa.teacher.trajectory import Filters, filter_reason, linearise, shape
-from coa.tools import ToolSession
 from coa.tools.crawl_page import crawl_tool, index_pages
-from coa.tools.search import BM25Index
+from coa.tools.session import ToolSession
 from coa.tools.web_search import search_tool
 from tests.tasks.hotpot_like import hotpot_records, write_hotpot
 

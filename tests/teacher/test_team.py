@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from coa.bm25 import BM25Index
 from coa.chat import ChatClient
 from coa.format import check_transitions, parse
 from coa.rewards import check
@@ -15,11 +16,11 @@ from coa.tasks.web import generate_web
 from coa.teacher import TeamLimits, llm_team, run_team
 from coa.teacher.offline.agents import OfflineStyle, diagnose, offline_team
 from coa.teacher.trajectory import linearise, shape
-from coa.tools import ToolSession, failed
 from coa.tools.code import code_tool
 from coa.tools.crawl_page import crawl_tool, index_pages
+from coa.tools.observation import failed
 from coa.tools.sandbox import SandboxLimits
-from coa.tools.search import BM25Index
+from coa.tools.session import ToolSession
 from coa.tools.web_search import search_tool
 from tests.fakes.chat_server import ChatServer
 

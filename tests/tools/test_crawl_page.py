@@ -16,7 +16,8 @@ import pytest
 
 import coa.tools.fetch as fetch_mod
 from coa.config import ConfigError, load_params
-from coa.tools import CRAWL, SEARCH, ToolSession, build_tools
+from coa.tools.session import ToolSession, build_tools
+from coa.tools.spec import CRAWL, SEARCH
 from coa.tools.webcache import WebStore, close_store, stage_store
 from tests.fakes.chat_server import ChatServer
 from tests.fakes.web_server import Reply, WebServer, redirect

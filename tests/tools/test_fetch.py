@@ -15,7 +15,8 @@ import pytest
 
 import coa.tools.fetch as fetch_mod
 from coa.config.sections import CrawlConfig, SummariserConfig
-from coa.tools.fetch import Fetcher, FetchError, Summariser, extract, refusal
+from coa.tools.fetch import Fetcher, FetchError, extract, refusal
+from coa.tools.summarise import Summariser
 from tests.fakes.chat_server import ChatServer
 from tests.fakes.hostile_web import many_page_pdf
 from tests.fakes.loopback import only_loopback

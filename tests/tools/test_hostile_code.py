@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from coa.tools import sandbox
+from coa.tools import sandbox, supervisor
 from coa.tools.sandbox import SandboxLimits, run_python
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hostile-code tests need root (privilege drop)")
@@ -234,17 +235,39 @@ def test_fallback_does_have_the_network_as_its_warning_says(path):
 # --- files --------------------------------------------------------------------------------------------------
 
 
+def project_view(project: Path) -> list[str]:
+    """What `os.listdir(project)` gives inside the namespaces: an empty folder (the empty read-only tmpfs that
+    hides the project), or nothing at all where the project lies under a folder that is itself hidden or
+    replaced by a private tmpfs (a clone in /home, /root or /tmp)."""
+    real = os.path.realpath(project)
+    covers = (*sandbox.HIDDEN_DIRS, *supervisor.PRIVATE_DIRS)
+    return ["FileNotFoundError", "2"] if any(real.startswith(d + "/") for d in covers) else ["OK", "[]"]
+
+
 @only("ns-root", "ns-user")
-def test_project_and_hidden_dirs_are_empty(path, planted):
+@pytest.mark.parametrize("where", ["here", "/tmp", "/root", "/home", "/mnt"])
+def test_project_and_hidden_dirs_are_empty(path, planted, where, monkeypatch):
+    """The project's files are out of reach wherever it is cloned: here, or moved under a folder the sandbox
+    hides (/root, /home) or replaces (/tmp), or under one it leaves visible (/mnt)."""
     project = sandbox.PROJECT_ROOT
+    if where != "here":
+        if not os.path.isdir(where):
+            pytest.skip(f"no {where} here")
+        project = Path(tempfile.mkdtemp(prefix=f"{MARK}-project-", dir=where))
+        (project / "params.yaml").write_text("TOPSECRET-" + MARK)
+        monkeypatch.setattr(sandbox, "PROJECT_ROOT", project)
     code = (
         f"attempt('project', lambda: open({str(project / 'params.yaml')!r}).read())\n"
         f"attempt('projectdir', lambda: os.listdir({str(project)!r}))\n"
         f"attempt('root', lambda: open({str(planted[0])!r}).read())\n"
     )
-    out = run(code)
+    try:
+        out = run(code)
+    finally:
+        if where != "here":
+            shutil.rmtree(project)
     assert outcome(out, "project")[0] == "FileNotFoundError" and outcome(out, "root")[0] == "FileNotFoundError"
-    assert outcome(out, "projectdir") == ["OK", "[]"]
+    assert outcome(out, "projectdir") == project_view(project)
     assert "TOPSECRET" not in out
 
 

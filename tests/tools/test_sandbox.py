@@ -345,8 +345,8 @@ CODE = "```python\nprint(6 * 7)\n```"
 
 def test_strict_refuses_without_namespaces_when_the_tools_are_built(tools_cfg, no_namespaces, caplog):
     from coa.runtime import tools_factory
-    from coa.tools import build_tools
     from coa.tools.sandbox import SandboxUnavailable
+    from coa.tools.session import build_tools
 
     strict = dataclasses.replace(tools_cfg, sandbox="strict")
     for build in (lambda: build_tools(strict), lambda: tools_factory(strict, "no-index-needed-to-refuse")):
@@ -362,7 +362,7 @@ def test_strict_refuses_without_namespaces_when_the_tools_are_built(tools_cfg, n
 
 def test_strict_refusal_is_one_line_from_a_process(tools_cfg, repo_root):
     script = (
-        "import dataclasses\nfrom coa.config import load_params\nfrom coa.tools import build_tools, sandbox\n"
+        "import dataclasses\nfrom coa.config import load_params\nfrom coa.tools import sandbox\nfrom coa.tools.session import build_tools\n"
         "sandbox.UNSHARE = '/nonexistent/unshare'\n"
         "cfg = load_params('params.yaml').common.tools\n"
         "build_tools(dataclasses.replace(cfg, sandbox='strict'))\nprint('built')"
@@ -373,7 +373,7 @@ def test_strict_refusal_is_one_line_from_a_process(tools_cfg, repo_root):
 
 
 def test_permissive_runs_without_namespaces_and_says_what_is_missing(tools_cfg, no_namespaces, caplog):
-    from coa.tools import build_tools
+    from coa.tools.session import build_tools
 
     assert tools_cfg.sandbox == "permissive"  # the embedded default keeps running on a laptop
     with caplog.at_level("WARNING", logger="coa.tools.sandbox"):
@@ -388,7 +388,7 @@ def test_permissive_runs_without_namespaces_and_says_what_is_missing(tools_cfg, 
 
 
 def test_strict_runs_with_namespaces(tools_cfg, caplog):
-    from coa.tools import build_tools
+    from coa.tools.session import build_tools
 
     if not sandbox._isolation().prefix:
         pytest.skip(f"this machine has no namespaces for the sandbox ({sandbox._isolation().why})")

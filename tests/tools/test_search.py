@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from coa.format import truncate as cap
-from coa.tools import ToolSession, build_tools
+from coa.bm25 import BM25Index, snippet
 from coa.tools.crawl_page import crawl_tool, index_pages
-from coa.tools.search import BM25Index, HttpSearch, format_results, snippet
-from coa.tools.web_search import search_tool
+from coa.tools.observation import truncate as cap
+from coa.tools.session import ToolSession, build_tools
+from coa.tools.web_search import HttpSearch, format_results, search_tool
 
 DOCS = [
     ("Orvane Labs", "https://wiki.coa.local/orvane-labs",
@@ -156,7 +156,7 @@ def test_search_results_are_the_same_with_numpy_and_torch_held_to_avx2(tmp_path)
     import os
     import subprocess
     import sys
-    script = ("import json, sys\nfrom tests.tools.test_search import _tied_corpus\nfrom coa.tools.search import "
+    script = ("import json, sys\nfrom tests.tools.test_search import _tied_corpus\nfrom coa.bm25 import "
               "BM25Index\nt, u, x = _tied_corpus()\nBM25Index.build(t, u, x).save(sys.argv[1])\n"
               "i = BM25Index.load(sys.argv[1])\nqs = ['kellon tesk', 'orvane brill chemist', 'founded', 'sereland x']\n"
               "print(json.dumps([[(h.url, h.score) for h in i.search(q, k=20)] for q in qs]))\n")

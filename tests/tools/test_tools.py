@@ -1,4 +1,5 @@
-"""A tool is one module (coa/tools/<tool>.py and its SPEC); everything else reads its tag from there."""
+"""A tool is described once (its ToolSpec in coa/tools/spec.py) and built by its module; everything else reads its
+tag from the spec."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from pathlib import Path
 
 from coa.format import ALLOWED_TOOLS, OPAQUE_TAGS, STOP_STRINGS, TAGS
 from coa.prompts import system_prompt
-from coa.tools import BY_TAG, TOOLS, ToolSession
-from coa.tools.spec import GOAL
+from coa.tools.context import GOAL
+from coa.tools.session import ToolSession
+from coa.tools.spec import BY_TAG, TOOLS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN_NAMES = {"web", "math", "code"}  # a tag that is also a domain's name: only its <tag> spellings count
@@ -38,8 +40,8 @@ def files_spelling(tag: str, root: Path = ROOT) -> list[str]:
 def test_each_tag_is_spelled_in_at_most_three_files():
     for spec in TOOLS:
         files = files_spelling(spec.tag)
-        assert spec.tag in DOMAIN_NAMES or f"coa/tools/{spec.tag}.py" in files, files  # its own module names it
-        assert len(files) <= 3, f"{spec.tag} is spelled in {files}: read it from coa.tools instead"
+        assert spec.tag in DOMAIN_NAMES or "coa/tools/spec.py" in files, files  # its spec names it
+        assert len(files) <= 3, f"{spec.tag} is spelled in {files}: read it from coa.tools.spec instead"
 
 
 def test_the_checker_counts_what_it_should(tmp_path):

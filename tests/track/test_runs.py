@@ -1,4 +1,4 @@
-"""coa.track.runs: a stage's MLflow run in the local store, with its artifacts beside the store."""
+"""coa.track.runs: a stage's MLflow run in the local store, with its artifacts beside the store; no ./mlruns."""
 
 from __future__ import annotations
 
@@ -24,6 +24,26 @@ def test_local_store_keeps_artifacts_beside_it(tmp_path, monkeypatch):
     assert list((tmp_path / ".mlflow" / "artifacts").rglob("note.txt"))
     assert not Path(tmp_path / "mlruns").exists()
     mlflow.set_tracking_uri(None)  # leave no store behind for later tests
+
+
+def test_a_sqlite_store_elsewhere_keeps_its_artifacts_beside_it_not_in_the_working_tree(tmp_path, monkeypatch):
+    """MLFLOW_TRACKING_URI naming a SQLite file outside the project (as a harness or a teammate sets it): its
+    experiments' artifacts go beside that file; MLflow's default, ./mlruns of the working directory, would put
+    them in the project's tree (how mlruns/ once got committed)."""
+    mlflow = pytest.importorskip("mlflow")
+    store, work = tmp_path / "store", tmp_path / "work"
+    store.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+    monkeypatch.chdir(work)
+    with stage_run("unit", {}, {}, experiment="coa-elsewhere") as run:
+        src = tmp_path / "note.txt"
+        src.write_text("hello")
+        run.log_artifact(src)
+    exp = mlflow.get_experiment_by_name("coa-elsewhere")
+    assert exp.artifact_location == (store / "artifacts").resolve().as_uri()
+    assert list((store / "artifacts").rglob("note.txt")) and list(work.iterdir()) == []
+    mlflow.set_tracking_uri(None)
 
 
 def test_experiments_are_ml_and_grouped_metrics_keep_their_slash(tmp_path, monkeypatch):

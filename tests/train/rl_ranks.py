@@ -13,7 +13,10 @@ ZeRO-3). "stop": N ends every rank after step N (its checkpoint written). The me
 test_dapo_memory.py): "dtype" (float32), "gc" (rl.gradient_checkpointing), "chunk" (rl.logprob_chunk); "kl" with
 "ref" (a saved copy of the policy): rl.kl_coef against coa.train.dapo.reference_model(ref), what it holds on
 each rank written to OUT/ref-<r>.json; "save": rank 0 writes the result with coa.train.kit.save_trained to
-OUT/saved and DeepSpeed's float32 master weights to OUT/master.pt.
+OUT/saved and DeepSpeed's float32 master weights to OUT/master.pt. "count_head" (ZeRO-3): DeepSpeed's all-gathers whose
+parameters hold the lm head's weight, counted per forward of the whole model (a row of the update, a filler
+included; its backward counted with it), each row's chunks of the head, and the RL step of every time DeepSpeed
+dropped its prefetch trace ("Invalidate trace cache"), written to OUT/head-<r>.json.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from gpu_figures import count_head  # noqa: E402 - bench/'s, which bench/gpu_row.py counts with on a GPU
 
 from coa.config import DeepSpeedConfig, load_params  # noqa: E402
 from coa.prompts import render_prompt  # noqa: E402
@@ -91,22 +96,27 @@ class RecordingEngine:
             yield chunk
 
 
+def partition_all() -> None:
+    """ZeRO-3 keeps parameters under 1e5 elements whole (all of these tiny models'): partition every one."""
+    import coa.train.zero
+
+    build = coa.train.zero.deepspeed_config
+
+    def config(*args, **kwargs):
+        out = build(*args, **kwargs)
+        out["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+        return out
+
+    coa.train.zero.deepspeed_config = config
+
+
 def main() -> None:
     spec, out, ckpt = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))
     cfg = rl_cfg(spec)
-    if spec.get("partition_all"):  # ZeRO-3 keeps parameters under 1e5 elements whole (all of this tiny model's)
-        import coa.train.zero
-
-        build = coa.train.zero.deepspeed_config
-
-        def partition_all(*args, **kwargs):
-            config = build(*args, **kwargs)
-            config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-            return config
-
-        coa.train.zero.deepspeed_config = partition_all
+    if spec.get("partition_all"):
+        partition_all()
     if spec.get("save") and cfg.deepspeed.enabled:  # beside the result: DeepSpeed's float32 master weights
         import coa.train.dapo.loop
         from coa.train.zero import deepspeed_full_model
@@ -131,6 +141,8 @@ def main() -> None:
             "full_numel": sum(getattr(p, "ds_numel", p.numel()) for p in params)}))
     tok = make_tokenizer()
     model = scripted_qwen2(tok, WEB_SCRIPT)
+    step = [1]  # the RL step under way (log_fn moves it on)
+    head = count_head(model, step) if spec.get("count_head") else None
     if cfg.deepspeed.enabled:  # DeepSpeed's module trains; the engine rolls out its own copy
         engine = HFEngine(copy.deepcopy(model), tok, max_batch=16)
         if spec.get("record"):
@@ -138,8 +150,9 @@ def main() -> None:
     else:
         engine = HFEngine(model, tok, max_batch=16)
 
-    def log_fn(step: int, metrics: dict) -> None:
-        if step == spec.get("stop"):
+    def log_fn(done: int, metrics: dict) -> None:
+        step[0] = done + 1
+        if done == spec.get("stop"):
             raise SystemExit(3)
 
     result = train_dapo(model, tok, TASKS, cfg, engine=engine, limits=LIMITS, tools_factory=Recorder(), score=score,
@@ -150,6 +163,8 @@ def main() -> None:
     info = {"groups": result.groups, "resumed_from": result.resumed_from,
             "history": [{k: h[k] for k in keep if k in h} for h in result.history]}
     (out / f"rank{rank}.json").write_text(json.dumps(info))
+    if head is not None:
+        (out / f"head-{rank}.json").write_text(json.dumps(head))
     if isinstance(engine, RecordingEngine):
         torch.save({"received": engine.received, "chunks": engine.chunks,
                     "engine": {n: p.detach().clone() for n, p in engine.inner.model.named_parameters()}},

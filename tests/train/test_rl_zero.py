@@ -138,6 +138,23 @@ def one_process_run(ckpt: Path, steps: int) -> None:
 # --------------------------------------------------------------------------- the pieces, in one process
 
 
+def test_zero3_gathers_the_lm_head_once_per_row_and_keeps_its_prefetch_trace(tmp_path):
+    """Two ZeRO-3 ranks, every parameter partitioned, the head in chunks of 8 positions (2-5 a row): per forward of
+    the model (a row of the no-grad pass or of the update with its backward, a filler too) DeepSpeed all-gathers the
+    head's weight at most 3 times whatever the chunks (coa.train.head calls the head module once: 1 in a no-grad row,
+    2 with backward; a module call per chunk gathered it up to 15 times a row here), and its prefetch trace, dropped
+    once in step 1 where the no-grad pass gives way to the update, is never dropped again (it was, every step, when
+    the head's calls per row varied with the row's length)."""
+    spec = {"zero": 3, "partition_all": True, "count_head": True, "chunk": 8, "steps": 2, "mini_batches": 2}
+    _, out = run_rl(tmp_path, spec, "head", nproc=2)
+    for rank in range(2):
+        head = json.loads((out / f"head-{rank}.json").read_text())
+        rows = head["rows"]
+        assert len(rows) >= 8 and max(chunks for _, chunks in rows) >= 4  # rows of several chunks, both steps
+        assert all(1 <= gathers <= 3 for gathers, _ in rows), rows
+        assert head["invalidated_at_step"] and set(head["invalidated_at_step"]) == {1}, head["invalidated_at_step"]
+
+
 def test_groups_are_split_in_contiguous_blocks_never_a_group_across_ranks():
     for n, world in ((4, 2), (5, 2), (7, 3), (3, 3)):
         blocks = [Ranks(r, world, True).share(n) for r in range(world)]

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
-from coa.format import format_code, format_double_check, format_reflection
+from coa.format import format_double_check, format_reflection
 from coa.teacher.offline.code_solver import example_check, solve_code
 from coa.teacher.offline.math_solver import solve_math
 from coa.teacher.offline.web import (
@@ -47,7 +47,8 @@ from coa.teacher.offline.web import (
 )
 from coa.teacher.orchestrator import AgentReply, Team
 from coa.teacher.roles import result_fields
-from coa.tools import CODE, CRAWL, SEARCH, failed
+from coa.tools.observation import failed
+from coa.tools.spec import CODE, CRAWL, SEARCH, format_code
 
 Worker = Generator[str, list[dict[str, str]], str]  # yields outputs with a tool call, receives the context
 

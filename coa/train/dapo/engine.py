@@ -2,7 +2,7 @@
 
     engine = rl_engine(cfg, "models/sft", model, tok)     # cfg: coa.config.RlConfig; model: the policy loaded
     ...train_dapo(model, tok, tasks, cfg, engine=engine, ...)...
-    close_engine(engine)                                  # coa.runtime's
+    close_engine(engine)                                  # coa.rollout.engines (make_engine makes both kinds)
 
 - ``hf``: one process: the trained model itself when the engine's dtype is the update's, else a copy in the
   engine's dtype (bf16 where native) synced after every step; with ``rl.trainable_layers`` the engine keeps the
@@ -29,7 +29,7 @@ import torch
 
 from coa.device import release_gpu_cache, resolve_dtype
 from coa.progress import tracked
-from coa.runtime import check_vllm_share, close_engine, engine_rows, vllm_options
+from coa.rollout.engines import check_vllm_share, close_engine, engine_rows, make_engine, vllm_options
 from coa.train import collective
 from coa.train.dapo.update import first_trainable_layer
 
@@ -61,7 +61,6 @@ def rl_engine(cfg: Any, policy_path: str, model: torch.nn.Module, tok: Any) -> A
     """The engine train_dapo rolls out with (see the module docstring); None on a rank that holds none."""
     if cfg.engine.kind == "hf":
         from coa.model import load_pretrained
-        from coa.rollout.hf import HFEngine
 
         device = rank_device() if cfg.deepspeed.enabled else next(model.parameters()).device
         dtype = resolve_dtype(cfg.engine.dtype, device)
@@ -69,13 +68,11 @@ def rl_engine(cfg: Any, policy_path: str, model: torch.nn.Module, tok: Any) -> A
             policy = load_pretrained(policy_path, dtype)[0].to(device)
         else:
             policy = model if dtype == next(model.parameters()).dtype else copy.deepcopy(model).to(dtype)
-        return tracked(HFEngine(policy, tok, max_batch=engine_rows(cfg.engine, dtype),
-                                tool_grace_s=cfg.engine.tool_grace_s,
-                                keep_hidden=first_trainable_layer(model, cfg)), "hf rollouts of the RL policy")
+        engine = make_engine("hf", policy_path, model=policy, tokenizer=tok, max_batch=engine_rows(cfg.engine, dtype),
+                             tool_grace_s=cfg.engine.tool_grace_s, keep_hidden=first_trainable_layer(model, cfg))
+        return tracked(engine, "hf rollouts of the RL policy")
     if cfg.engine.kind != "vllm":
         raise SystemExit(f"rl.engine.kind={cfg.engine.kind} cannot receive the trained weights; use hf or vllm")
-    from coa.rollout.vllm import VLLMEngine
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tp, holds = engine_layout(cfg, world)
     if cfg.deepspeed.enabled:
@@ -92,8 +89,8 @@ def rl_engine(cfg: Any, policy_path: str, model: torch.nn.Module, tok: Any) -> A
         check_vllm_share(cfg.engine, policy_path)
         local = int(os.environ.get("LOCAL_RANK", "0"))
         with _visible_devices(list(range(local, local + tp)) if torch.cuda.is_available() else None):
-            engine = tracked(VLLMEngine(policy_path, dtype=cfg.engine.dtype, seed=0, **vllm_options(cfg.engine)),
-                             "vllm rollouts of the RL policy")
+            engine = tracked(make_engine("vllm", policy_path, dtype=cfg.engine.dtype, seed=0,
+                                         **vllm_options(cfg.engine)), "vllm rollouts of the RL policy")
     collective.barrier()  # every engine is up before any rank's trainer moves GPU memory again
     return engine
 

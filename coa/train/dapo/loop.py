@@ -21,7 +21,7 @@ from coa.rollout.loop import request_seed
 from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsFactory
 from coa.rollout.weights import send_weights, transfer_for
 from coa.teacher.states import Interjecting, StateFacts
-from coa.train import kit
+from coa.train import collective, kit
 from coa.train.dapo.distill import teacher_metrics, teacher_step
 from coa.train.dapo.engine import engine_group
 from coa.train.dapo.guided import Guided
@@ -60,6 +60,9 @@ class DapoResult:
     resumed_from: int
     wall_s: float
     groups: list[list[str]] = field(default_factory=list)  # per step, the kept groups ("round:task_id#position")
+    # what trained, on every rank: the DeepSpeed engine (ZeRO-3: sharded, in the training dtype on the rank's device)
+    # or the model in one process; the held-out KL runs on it (coa.train.dapo.heldout.trained_kl)
+    trained: Any = None
 
     def metrics(self, n_tasks: int, heldout: int, kl: float) -> dict[str, Any]:
         """metrics/rl.json: reward and accuracy over the first and last fifth of the steps, groups kept,
@@ -193,8 +196,9 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
         """The rollout engine gets the trained weights (every rank calls: ZeRO-3 gathers module by module, and a
         rank without an engine, in a tensor-parallel engine's group, walks the gathers with the others and lends
         its GPU's buckets). An engine asleep during the update (vLLM's sleep mode) wakes its weights only after
-        every rank has returned its cached CUDA memory (the update's) to the device, and its KV cache after the
-        sync, once the sync's buckets are released too (verl's order)."""
+        every rank has returned its cached CUDA memory (the update's) to the device, and its KV cache (by its tag:
+        never a tag that is awake) after the sync, once the sync's buckets are released on both sides (the engine
+        empties its workers' cache after a sync; verl's, SkyRL's and TRL's order)."""
         release_gpu_cache()
         ranks.barrier()  # every rank's cache released before an engine on its GPU maps memory back
         _wake(engine, ["weights"])
@@ -207,7 +211,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
             for _ in weights:
                 pass
         release_gpu_cache()
-        _wake(engine, None)
+        _wake(engine, ["kv_cache"])
 
     state = _State()
     if ckpt is not None:
@@ -248,6 +252,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
                                        scores=scores))
             scheduler.step()
         sync()
+        metrics.update(collective.memory_by_rank("rl", step + 1))  # each rank's allocated, reserved, device free
         metrics.update({"rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
                         "step_s": time.perf_counter() - t0, "lr": scheduler.get_last_lr()[0]})
         state.history.append({"step": step + 1, **metrics})
@@ -268,19 +273,20 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
     if final is not None:
         final.eval()
     return DapoResult(model=final, steps=cfg.steps, history=state.history, resumed_from=resumed_from,
-                      wall_s=time.perf_counter() - start_wall, groups=state.groups)
+                      wall_s=time.perf_counter() - start_wall, groups=state.groups, trained=run)
 
 
-def reference_model(policy_path: str | Path, cfg: Any) -> Any:
+def reference_model(policy_path: str | Path, cfg: Any, always: bool = False) -> Any:
     """The frozen reference of the KL term for train_dapo's ``ref_model``: the starting policy at ``policy_path``
-    (a Hugging Face folder); None when ``cfg.kl_coef`` is 0 (no KL term). Every rank calls it.
+    (a Hugging Face folder); None when ``cfg.kl_coef`` is 0 (no KL term) unless ``always`` (the held-out KL after
+    training: coa.train.dapo.heldout). Every rank calls it.
 
     One process: the model in float32 (train_dapo moves it to the update's device; its forwards autocast as the
     policy's). DeepSpeed ZeRO-3: loaded sharded (``zero3_loading``: each rank reads only its shard) into a DeepSpeed
     inference engine with the policy's ZeRO-3 config and no optimizer (coa.train.zero.deepspeed_inference): 2 B a
     parameter over the ranks in bf16, never a full copy per rank. ZeRO-1/2 shard no parameters: a model per rank,
     which train_dapo casts to the policy's dtype."""
-    if cfg.kl_coef <= 0:
+    if cfg.kl_coef <= 0 and not always:
         return None
     from coa.model import load_pretrained
 
@@ -333,8 +339,8 @@ def _resume(ckpt: Path, key: str, model: Any, optimizer: Any, scheduler: Any, ra
     return _State(meta["step"], meta["cursor"], meta["history"], meta["groups"])
 
 
-def _wake(engine: Any, tags: list[str] | None) -> None:
-    """Wake ``tags`` of an engine that sleeps during the update (all of it: None); nothing for other engines."""
+def _wake(engine: Any, tags: list[str]) -> None:
+    """Wake ``tags`` ("weights", "kv_cache") of an engine that sleeps during the update; nothing for other engines."""
     if engine is not None and hasattr(engine, "wake_up"):
         engine.wake_up(tags)
 
@@ -400,7 +406,8 @@ def _generate(engine: Engine | None, tasks: Sequence[dict[str, Any]], prompts: S
     seen: list[tuple] = []
     taught: list[tuple[Rollout | None, float]] = []
     generated: list[tuple[dict[str, Any], Rollout, bool]] = []
-    while n_kept < want and rounds < cfg.max_gen_batches:
+    rounds_max = cfg.max_gen_batches if cfg.guide.dapo_coef > 0 else 1  # DAPO off: no groups to fill
+    while n_kept < want and rounds < rounds_max:
         idx = task_stream(len(tasks), seed, state.cursor, want)
         state.cursor += want
         lo, hi = ranks.share(len(idx), every=_engine_ranks(cfg))

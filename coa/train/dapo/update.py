@@ -14,8 +14,8 @@ positions a target follows; log-probs and entropy come from them ``rl.logprob_ch
 (coa.train.kit.chunked_token_logprobs: the lm head's float32 logits exist one chunk at a time, and backward
 recomputes them). ``rl.gradient_checkpointing`` recomputes every decoder layer in backward (kit.gradient_checkpointing,
 on for the update only), in :func:`_forward_top` too: its layers are the model's own, which checkpoint themselves.
-Under ZeRO-3 each chunk gathers the lm head's shards, so every rank runs as many chunks per row (the most any rank
-needs there: one all-reduce per update).
+Under ZeRO-3 the lm head's shards are gathered once per row, whatever its chunks (coa.train.head: one call of the head
+module); every rank still runs as many chunks per row as the rank that needs the most (one all-reduce per update).
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
-"""web_search: BM25 over the local corpus (bm25s), or a real search API over HTTP at paper scale.
+"""BM25 over a corpus (bm25s, Lucene's variant): the index stage builds it, the web_search and crawl_page tools read it.
 
-    index = BM25Index.build(doc_ids, urls, titles, texts)   # the index stage
+    index = BM25Index.build(titles, urls, texts, k1=1.5, b=0.75)   # the index stage
     index.save("data/index"); index = BM25Index.load("data/index")
-    print(format_results("founder of Orvane Labs", index.search("founder of Orvane Labs", k=5)))
+    index.search("founder of Orvane Labs", k=5)   # [SearchHit(title, url, snippet, score), ...], best first
 
-Results are formatted like the reference: a `## Web Results` header, then numbered entries with
-title, URL and a snippet (the passage of the page that best matches the query).
+A hit's snippet is the passage of the page that best matches the query; the order of hits is the same on
+every CPU (see BM25Index.search). coa.tools.web_search formats hits as the agent reads them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,44 +121,3 @@ class BM25Index:
             for t in token_ids:
                 out += float(self.retriever.nonoccurrence_array[t])
         return out
-
-
-class HttpSearch:
-    """A search API over HTTP (Serper-compatible: POST {"q": query, "num": k} -> {"organic": [...]}).
-
-    The key comes from the environment variable named in params, never from a file in the repo; a replay of
-    recorded searches (need_key false) never calls the API and needs none.
-    """
-
-    def __init__(self, url: str, api_key_env: str, timeout_s: float = 20.0, need_key: bool = True) -> None:
-        key = os.environ.get(api_key_env, "")
-        if not key and need_key:
-            raise SystemExit(f"common.tools.search_provider: http needs an API key in the environment variable "
-                             f"{api_key_env} (export it, or replay a recorded run: web_cache: replay)")
-        self.url, self.key, self.timeout_s = url, key, timeout_s
-
-    def search(self, query: str, k: int = 5, snippet_chars: int = 240) -> list[SearchHit]:
-        return self.hits(self.request(query, k), k, snippet_chars)
-
-    def request(self, query: str, k: int) -> dict:
-        """The API's answer as it came (what web_cache records)."""
-        body = json.dumps({"q": query, "num": k}).encode()
-        req = urllib.request.Request(self.url, data=body, method="POST",
-                                     headers={"X-API-KEY": self.key, "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            return json.loads(resp.read().decode())
-
-    @staticmethod
-    def hits(data: dict, k: int, snippet_chars: int) -> list[SearchHit]:
-        return [SearchHit(str(r.get("title", "")), str(r.get("link", "")), str(r.get("snippet", ""))[:snippet_chars],
-                          float(-i)) for i, r in enumerate(data.get("organic", [])[:k])]
-
-
-def format_results(query: str, hits: list[SearchHit]) -> str:
-    """The observation text of one search, in the reference's layout."""
-    if not hits:
-        return f"## Web Results\nNo results found for '{query}'. Try different keywords."
-    lines = ["## Web Results"]
-    for i, hit in enumerate(hits, 1):
-        lines.append(f"{i}. [{hit.title}]({hit.url})\n{hit.snippet}")
-    return "\n\n".join(lines)
