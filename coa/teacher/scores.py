@@ -188,36 +188,42 @@ class Scorer:
     def check_tokenizer(self, tokenizer: Any, max_tokens: int) -> None:
         """One line (SystemExit) unless the teacher tokenises the probe as ``tokenizer`` does and its context holds
         ``max_tokens`` + 1 (a rollout and the one token a completion request generates); in replay, against the
-        recorded answer of the server."""
+        recorded answer of the server. Only an answer that passes is recorded: a refused teacher, fixed or replaced
+        under the same name, is asked again."""
         text = probe_text(tokenizer)
         mine = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+        def check(theirs: dict[str, Any]) -> dict[str, Any]:
+            tokens = theirs["tokens"]
+            if tokens != mine:
+                at = next((i for i, (a, b) in enumerate(zip(tokens, mine, strict=False)) if a != b),
+                          min(len(tokens), len(mine)))
+                raise SystemExit(f"rl: the teacher {self.model!r} does not share the student's tokenizer (a probe of "
+                                 f"{len(mine)} student tokens is {len(tokens)} of the teacher's, the first difference "
+                                 f"at token {at}): {CROSS_TOKENIZER}; serve a teacher of the student's family")
+            if theirs["max_model_len"] < max_tokens + 1:
+                raise SystemExit(f"rl: the teacher {self.model!r} takes {theirs['max_model_len']} tokens (its "
+                                 f"server's max_model_len), a rollout up to {max_tokens} (common.agent."
+                                 f"max_total_tokens) and the one token a completion generates: serve it with "
+                                 f"--max-model-len >= {max_tokens + 1}")
+            return theirs
 
         def live() -> dict[str, Any]:
             assert self.client is not None
             body = {"model": self.model, "prompt": text, "add_special_tokens": False}
             try:
-                return self.client.post("/tokenize", body, _parse_tokenize, root=True, what="teacher tokenize")
+                theirs = self.client.post("/tokenize", body, _parse_tokenize, root=True, what="teacher tokenize")
             except ChatError as err:
                 raise SystemExit(f"rl: the teacher's tokenizer could not be checked: {one_line(err)}") from None
+            return check(theirs)  # raising stores nothing
 
         try:
-            theirs = self.store.get(PROBE_KIND, {"model": self.model, "probe": text}, live)
+            check(self.store.get(PROBE_KIND, {"model": self.model, "probe": text}, live))
         except ReplayMiss:
             raise SystemExit(f"rl: {self.where} holds no check of the teacher's tokenizer against this student's "
                              "(rl.guide.scores: replay): record it (scores: record) or `dvc pull` the store") from None
         except Damaged as err:
             raise SystemExit(f"rl: {one_line(err)}") from None
-        tokens = theirs["tokens"]
-        if tokens != mine:
-            at = next((i for i, (a, b) in enumerate(zip(tokens, mine, strict=False)) if a != b), min(len(tokens),
-                                                                                                        len(mine)))
-            raise SystemExit(f"rl: the teacher {self.model!r} does not share the student's tokenizer (a probe of "
-                             f"{len(mine)} student tokens is {len(tokens)} of the teacher's, the first difference "
-                             f"at token {at}): {CROSS_TOKENIZER}; serve a teacher of the student's family")
-        if theirs["max_model_len"] < max_tokens + 1:
-            raise SystemExit(f"rl: the teacher {self.model!r} takes {theirs['max_model_len']} tokens (its server's "
-                             f"max_model_len), a rollout up to {max_tokens} (common.agent.max_total_tokens) and the one "
-                             f"token a completion generates: serve it with --max-model-len >= {max_tokens + 1}")
 
     def close(self) -> dict[str, int]:
         """The store's manifest (a valid DVC output); its counts."""

@@ -12,8 +12,8 @@ from tests.rollout.scripted import ANSWER_SCRIPT, make_tokenizer, scripted_qwen2
 
 def teacher_cfg(base_url: str, **over):
     """distill.teacher pointed at ``base_url`` (model "teacher"), one retry, two requests in flight."""
-    return dataclasses.replace(load_params().distill.teacher, base_url=base_url, model="teacher", max_retries=1,
-                               timeout_s=20.0, max_concurrency=2, **over)
+    fields = {"model": "teacher", "max_retries": 1, "timeout_s": 20.0, "max_concurrency": 2, **over}
+    return dataclasses.replace(load_params().distill.teacher, base_url=base_url, **fields)
 
 
 @pytest.fixture(scope="module")

@@ -62,8 +62,8 @@ def test_the_scores_are_the_teachers_log_probs_of_the_policy_tokens_and_replay_w
     manifest = json.loads((tmp_path / "store/manifest.json").read_text())
     assert manifest["objects"] == {"prompt_logprobs": 4, "tokenize": 1} and manifest["blobs"] == 4
 
-    # replay: the server is gone, the store answers, the same bytes
-    scorer = open_scorer(teacher_cfg(server.base_url), tmp_path / "store", "replay", tok, 256)
+    # replay: no server (nothing listens at port 9), the store answers, the same bytes
+    scorer = open_scorer(teacher_cfg("http://127.0.0.1:9/v1"), tmp_path / "store", "replay", tok, 256)
     again = scorer.score(rollouts)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(again, scores, strict=True))
     assert close_scores(scorer, tmp_path / "store") == {"hits": 5, "recorded": 0, "missing": 0, "live": 0}
@@ -105,6 +105,9 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(tmp_path, tok, 
     with TeacherServer(teacher, tok, max_model_len=200) as server, pytest.raises(SystemExit) as err:
         open_scorer(teacher_cfg(server.base_url), tmp_path, "record", tok, 256)
     assert "--max-model-len >= 257" in one_line(err)
+    with TeacherServer(teacher, tok) as server:  # a refused answer was not recorded: the right teacher is asked again
+        close_scores(open_scorer(teacher_cfg(server.base_url), tmp_path, "record", tok, 256), tmp_path)
+    assert json.loads((tmp_path / "manifest.json").read_text())["objects"] == {"tokenize": 1}
 
 
 @pytest.mark.parametrize("mangle,says", [
