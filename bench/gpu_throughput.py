@@ -1,6 +1,6 @@
 """bench/gpu.py's throughput part (``--parts throughput``): SFT and DAPO steps at a model's shapes under DeepSpeed on one
-GPU, rolled out by the hf engine on the GPU; tokens/s, MFU and peak memory of each (metrics/bench/gpu.json, the
-embedded default's student on an H200, 2026-11-26). The paper's row itself: bench/gpu_row.py.
+GPU, rolled out by the hf engine on the GPU; tokens/s, MFU and peak memory of each (metrics/bench/gpu_throughput.json:
+4 of Qwen2.5-7B's layers on an H200, 2026-11-28). The paper's row itself: bench/gpu_row.py.
 
 What runs, on one rank (RANK=0, WORLD_SIZE=1: coa.train.zero fills the launcher's variables in), DeepSpeed ZeRO-2 in
 bf16 over NCCL, with params.yaml's sft and rl sections otherwise:

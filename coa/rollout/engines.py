@@ -60,7 +60,8 @@ def make_engine(kind: str, model_path: str | None, *, model: Any = None, tokeniz
 
         from coa.rollout.openai import OpenAIEngine
 
-        return OpenAIEngine(tokenizer=AutoTokenizer.from_pretrained(model_path), **options)
+        # ``model`` here is the served model's name (hf's keyword carries an in-memory model; openai has none)
+        return OpenAIEngine(tokenizer=AutoTokenizer.from_pretrained(model_path), model=model, **options)
     raise ValueError(f"unknown engine kind {kind!r}; expected one of {ENGINES}")
 
 
