@@ -50,7 +50,7 @@ def test_the_stage_keeps_the_teachers_scores_when_killed_and_replays_them_byte_f
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
 
     def run(**extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, cwd=tmp_path, env={**env, **extra}, capture_output=True, text=True, timeout=900)
+        return subprocess.run(cmd, cwd=tmp_path, env={**env, **extra}, capture_output=True, text=True, timeout=1800)
 
     def scored() -> int:
         return sum(json.loads(p.read_text())["kind"] == "prompt_logprobs"
