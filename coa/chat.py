@@ -1,14 +1,17 @@
-"""A client for OpenAI-compatible `/v1/chat/completions` endpoints (vLLM, SGLang, hosted APIs).
+"""A client for OpenAI-compatible endpoints (vLLM, SGLang, hosted APIs): `/v1/chat/completions`, and any other
+JSON route of the same server through `post` (the teacher's scores: coa.teacher.scores).
 
     client = ChatClient("http://127.0.0.1:8000/v1", "Qwen/Qwen2.5-7B-Instruct", api_key_env="COA_TEACHER_KEY")
     reply = client.complete([{"role": "user", "content": "2+2?"}], seed=0)
     print(reply.text, reply.usage, reply.finish_reason)
+    tokens = client.post("/tokenize", {"prompt": "2+2?"}, lambda data: data["tokens"], root=True)
     client.close()
 
 One client is shared by the threads of a pool: the underlying `httpx.Client` is thread-safe and a
 semaphore caps the requests in flight at `max_concurrency`. Connection errors, timeouts, HTTP 429/5xx
 and malformed replies are retried with exponential backoff and jitter (a `Retry-After` header on
-429/503 wins, capped); other 4xx answers fail at once with a `ChatError` that says what to fix.
+429/503 wins, capped); other 4xx answers fail at once with a `ChatError` that says what to fix. `post`'s
+``parse`` decides what a malformed reply is: a ValueError it raises is retried, a ChatError fails at once.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -33,6 +36,7 @@ RETRY_AFTER_CAP_S = 60.0  # never wait longer than this for a server's Retry-Aft
 MAX_BACKOFF_S = 60.0  # nor for the exponential backoff
 RETRY_STATUSES = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 RETRY_AFTER_STATUSES = frozenset({429, 503})
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,8 @@ class ChatClient:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         self.base_url = base_url.rstrip("/")
+        # the server's root, for routes outside /v1 (vLLM's /tokenize)
+        self.root_url = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
         self.url = self.base_url + "/chat/completions"
         self.model = model
         self.api_key_env = api_key_env
@@ -166,19 +172,31 @@ class ChatClient:
         if seed is not None:
             body["seed"] = seed
 
+        return self._send(self.url, body, _parse_chat, "chat request")
+
+    def post(self, path: str, body: dict[str, Any], parse: Callable[[Any], T], *, root: bool = False,
+             what: str = "request") -> T:
+        """POST ``body`` as JSON to ``path`` under base_url (``root``: under the server's root, base_url without
+        its /v1) with the client's retries, concurrency cap and timeout; ``parse(reply's JSON)`` is the result.
+        A ValueError from ``parse`` is a malformed reply (retried, then a ChatError), a ChatError fails at once;
+        ``what`` names the request in errors and logs."""
+        return self._send((self.root_url if root else self.base_url) + path, body, parse, what)
+
+    def _send(self, url: str, body: dict[str, Any], parse: Callable[[Any], T], what: str) -> T:
         last: _Retry | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                return self._attempt(body)
+                return self._attempt(url, body, parse, what)
             except _Retry as retry:
                 last = retry
                 if attempt == self.max_retries:
                     break
                 delay = retry.wait_s if retry.wait_s is not None else self._backoff(attempt)
                 log.warning(
-                    "chat %s (%s): %s; retry %d/%d in %.1fs",
+                    "%s %s (%s): %s; retry %d/%d in %.1fs",
+                    what,
                     self.model,
-                    self.url,
+                    url,
                     retry.reason,
                     attempt + 1,
                     self.max_retries,
@@ -187,7 +205,7 @@ class ChatClient:
                 self._sleep(delay)
         assert last is not None
         raise ChatError(
-            f"chat request to {self.url} (model {self.model!r}) failed after {self.max_retries + 1} "
+            f"{what} to {url} (model {self.model!r}) failed after {self.max_retries + 1} "
             f"attempts; last error: {last.reason}. Check that the server is up and reachable, or raise "
             f"timeout_s/max_retries.",
             status=last.status,
@@ -220,10 +238,10 @@ class ChatClient:
             jitter = self._rng.uniform(0.0, 0.5 * base)
         return min(base + jitter, MAX_BACKOFF_S)
 
-    def _attempt(self, body: dict[str, Any]) -> ChatReply:
+    def _attempt(self, url: str, body: dict[str, Any], parse: Callable[[Any], T], what: str) -> T:
         with self._semaphore:
             try:
-                response = self._client.post(self.url, json=body)
+                response = self._client.post(url, json=body)
             except httpx.TimeoutException as e:
                 raise _Retry(f"timed out after {self.timeout_s}s ({type(e).__name__})") from e
             except httpx.TransportError as e:
@@ -235,11 +253,20 @@ class ChatClient:
                 wait_s = _retry_after_s(response.headers.get("Retry-After"))
             raise _Retry(f"HTTP {status}: {_server_message(response)}", wait_s=wait_s, status=status)
         if status >= 400:
-            raise ChatError(self._explain(status, _server_message(response)), status=status)
-        return self._parse(response)
+            raise ChatError(self._explain(url, what, status, _server_message(response)), status=status)
+        try:
+            data = response.json()
+        except ValueError as e:
+            raise _Retry(f"malformed JSON in reply: {response.text[:200]!r}") from e
+        try:
+            return parse(data)
+        except ChatError:
+            raise
+        except (ValueError, TypeError, KeyError) as e:
+            raise _Retry(str(e)) from e
 
-    def _explain(self, status: int, message: str) -> str:
-        what = f"chat request to {self.url} (model {self.model!r}) got HTTP {status}: {message}"
+    def _explain(self, url: str, what: str, status: int, message: str) -> str:
+        what = f"{what} to {url} (model {self.model!r}) got HTTP {status}: {message}"
         if status in (401, 403):
             if not self.api_key_env:
                 return f"{what}. The server wants an API key: pass api_key_env naming the variable that holds it."
@@ -249,28 +276,26 @@ class ChatClient:
             return f"{what}. Check base_url (it should end in /v1) and that the server serves model {self.model!r}."
         return f"{what}. The request was rejected; fix it (e.g. messages, max_tokens vs. context length)."
 
-    def _parse(self, response: httpx.Response) -> ChatReply:
-        try:
-            data = response.json()
-        except ValueError as e:
-            raise _Retry(f"malformed JSON in reply: {response.text[:200]!r}") from e
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise _Retry(f"reply has no choices: {json.dumps(data)[:200]}")
-        choice = choices[0]
-        message = choice.get("message")
-        if not isinstance(message, dict):
-            raise _Retry(f"reply's choice has no message: {json.dumps(choice)[:200]}")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            raise _Retry(f"reply's content is not a string: {json.dumps(message)[:200]}")
-        raw_usage = data.get("usage")
-        usage = None
-        if isinstance(raw_usage, dict):
-            usage = {
-                k: v for k, v in raw_usage.items() if isinstance(v, int) and not isinstance(v, bool)
-            } or None
-        finish = choice.get("finish_reason")
-        return ChatReply(
-            text=content or "", usage=usage, finish_reason=finish if isinstance(finish, str) else None
-        )
+
+def _parse_chat(data: Any) -> ChatReply:
+    """A chat-completions reply's first choice; ValueError when it is not one (retried)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ValueError(f"reply has no choices: {json.dumps(data)[:200]}")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise ValueError(f"reply's choice has no message: {json.dumps(choice)[:200]}")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise ValueError(f"reply's content is not a string: {json.dumps(message)[:200]}")
+    raw_usage = data.get("usage")
+    usage = None
+    if isinstance(raw_usage, dict):
+        usage = {
+            k: v for k, v in raw_usage.items() if isinstance(v, int) and not isinstance(v, bool)
+        } or None
+    finish = choice.get("finish_reason")
+    return ChatReply(
+        text=content or "", usage=usage, finish_reason=finish if isinstance(finish, str) else None
+    )

@@ -11,6 +11,7 @@ from schemas.artifacts import (
     EVAL_DTYPES,
     TASK_DTYPES,
     TASK_STATS_DTYPES,
+    TEACHER_SCORE_DTYPES,
     TRAJECTORY_DTYPES,
     TRANSCRIPT_DTYPES,
     Document,
@@ -18,10 +19,11 @@ from schemas.artifacts import (
     Reject,
     Task,
     TaskStats,
+    TeacherScore,
     Trajectory,
     Transcript,
     polars_dtypes,
 )
 
-__all__ = ["DOCUMENT_DTYPES", "EVAL_DTYPES", "EvalRow", "TASK_DTYPES", "TASK_STATS_DTYPES", "TRAJECTORY_DTYPES", "TRANSCRIPT_DTYPES", "Document", "Reject", "Task", "TaskStats",
-           "Trajectory", "Transcript", "polars_dtypes"]
+__all__ = ["DOCUMENT_DTYPES", "EVAL_DTYPES", "EvalRow", "TASK_DTYPES", "TASK_STATS_DTYPES", "TEACHER_SCORE_DTYPES", "TRAJECTORY_DTYPES", "TRANSCRIPT_DTYPES", "Document", "Reject", "Task", "TaskStats",
+           "TeacherScore", "Trajectory", "Transcript", "polars_dtypes"]

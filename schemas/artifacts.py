@@ -182,6 +182,23 @@ class EvalRow(pa.DataFrameModel):
         return data.lazyframe.select(~pl.struct("model", "group", "task_id", "sample").is_duplicated())
 
 
+class TeacherScore(pa.DataFrameModel):
+    """A blob of `data/teacher/rl` (the rl stage's record of an LLM teacher's signal, coa.teacher.scores): the
+    teacher's log-probabilities of one rollout's policy tokens, each given every token before it."""
+
+    position: pl.Int32 = pa.Field(ge=1, unique=True, description="Index in the rollout's prompt + response token ids")
+    token_id: pl.Int32 = pa.Field(ge=0, description="The student's sampled token at that position")
+    logprob: pl.Float32 = pa.Field(le=0, description="log q(token | the tokens before it) under the teacher, "
+                                   "temperature 1 (vLLM's prompt_logprobs; -9999 where the teacher's is -inf)")
+
+    class Config:
+        strict = True
+
+    @pa.dataframe_check(error="positions must increase (the rollout's order)")
+    def in_order(cls, data) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col("position").diff().fill_null(1) > 0)
+
+
 # the polars dtypes of each artifact, derived from its model above
 TASK_DTYPES = polars_dtypes(Task)
 DOCUMENT_DTYPES = polars_dtypes(Document)
@@ -189,3 +206,4 @@ TRANSCRIPT_DTYPES = polars_dtypes(Transcript)
 TRAJECTORY_DTYPES = polars_dtypes(Trajectory)
 TASK_STATS_DTYPES = polars_dtypes(TaskStats)
 EVAL_DTYPES = polars_dtypes(EvalRow)
+TEACHER_SCORE_DTYPES = polars_dtypes(TeacherScore)

@@ -2,8 +2,8 @@
 
     dvc repro rl
     python -m stages.rl --tasks data/tasks.parquet --rl-tasks data/rl_tasks.parquet --policy models/sft \\
-        --index data/index --checkpoints .cache/rl --out models/rl --metrics metrics/rl.json \\
-        --plots plots/rl_reward.json
+        --index data/index --checkpoints .cache/rl --out models/rl --web data/web/rl --teacher data/teacher/rl \\
+        --metrics metrics/rl.json --plots plots/rl_reward.json
 
 Every step rolls out `rl.prompts_per_step` x `rl.rollouts_per_prompt` trajectories of the current policy
 with its tools (common.agent limits), rewards each with coa.rewards.reward (correct x format, soft overlong
@@ -37,6 +37,7 @@ from coa.prompts import render_prompt
 from coa.rewards import RewardSpec, check_limits
 from coa.rollout.types import Request, Sampling
 from coa.runtime import agent_limits, judge_from, tools_factory
+from coa.teacher.scores import close_scores
 from coa.tools.webcache import close_store, stage_store
 from coa.train.dapo import reference_model, reward_score, train_dapo
 from coa.train.dapo.engine import close_engine, rl_engine
@@ -53,9 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     inputs = {"tasks": "curated tasks (parquet)", "rl_tasks": "solve_filter stats (parquet)",
               "policy": "the SFT policy (HF folder)", "index": "search index folder",
               "checkpoints": "resume checkpoints folder (removed after a finished run)"}
-    st = TrainingStage("rl", argv, inputs=inputs, sections=("distill",),  # distill: rl.guide's teacher team
+    st = TrainingStage("rl", argv, inputs=inputs, sections=("distill",),  # distill: rl.guide's teacher
                        outputs={"out": "the RL policy (HF folder)", "metrics": "figures (JSON)",
-                                "plots": "reward curve (JSON rows per step)", "web": "web_cache store (folder)"})
+                                "plots": "reward curve (JSON rows per step)", "web": "web_cache store (folder)",
+                                "teacher": "the LLM teacher's scores (folder; rl.guide.scores)"})
     with st:
         cfg, agent = st.cfg, st.params.common.agent
         check_launch(cfg)  # one line for a launch that cannot work, before any model loads
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         judge = judge_from(st.params.common.judge)
         score = reward_score(RewardSpec.of(cfg, agent.max_total_tokens, check_limits(st.params.common.tools)), judge)
         guided = guided_from(cfg.guide, st.params.distill, st.params.common.tools, st.args.index, tok, seed,
-                             agent.max_total_tokens, store, judge)  # the teacher team on the student's states
+                             agent.max_total_tokens, store, judge, st.args.teacher)  # the teacher on the student's states
 
         result = train_dapo(model, tok, train, cfg, engine=engine, limits=agent_limits(agent), tools_factory=tools,
                             score=score, render=lambda t: render_prompt(tok, t["question"], t["domain"]),
@@ -100,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
 
         out = st.save(result, tok, st.args.policy, "sft_model")
         metrics = {**result.metrics(len(train), len(heldout), kl), "policy_tokens_per_s": rate["policy_tokens_per_s"],
-                   "engine": rate, "web": close_store(store)}  # the main rank's requests
+                   "engine": rate, "web": close_store(store),  # the main rank's requests
+                   "teacher": close_scores(guided.teacher if guided else None, st.args.teacher)}
         log.info("rl: %d steps, reward %.3f -> %.3f (first/last fifth), KL(RL||SFT) %.4f", result.steps,
                  metrics["reward_first_fifth"], metrics["reward_last_fifth"], kl)
         # tagged with the md5 DVC records for models/rl: `coa promote` finds this version by it

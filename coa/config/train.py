@@ -84,15 +84,18 @@ class SftConfig:
 
 @dataclass(frozen=True)
 class GuideConfig:
-    source: Literal["none", "team", "own"] = _help(
+    source: Literal["none", "team", "own", "logprobs"] = _help(
         "What the rl stage learns from beside DAPO's reward, on every rollout of a step: team = the teacher team's "
         "next turn(s) from the states the student visited where it did otherwise (on-policy distillation: "
         "coa.teacher.guide, the distill.teacher team with its deliberate mistakes off), own = the student's own "
-        "correct rollouts (rejection-sampling fine-tuning), none = DAPO alone.")
+        "correct rollouts (rejection-sampling fine-tuning), logprobs = an LLM teacher's log-probs of the student's own "
+        "tokens (distill.teacher's endpoint, vLLM's prompt_logprobs: coa.teacher.scores), a per-token reverse-KL "
+        "advantage on every rollout of the step (coa.train.dapo.distill), none = DAPO alone.")
     coef: float = _help("Weight of the guided cross-entropy (token mean over its targets) beside DAPO's loss, at the "
-                        "first step.")
+                        "first step; logprobs: the weight of the reverse-KL advantage beside the outcome's.")
     final_coef: float = _help("Its weight at the last step, reached linearly (the teacher's intervention annealed).")
-    dapo_coef: float = _help("Weight of DAPO's policy-gradient loss (0 = the guided loss alone).")
+    dapo_coef: float = _help("Weight of DAPO's policy-gradient loss (0 = the guided loss alone); logprobs: of the "
+                             "outcome advantage (0 = the reverse KL alone, every rollout of one round trained).")
     interject_failed: float = _help(
         "Probability that the team takes the student's turn, in the rollout itself, at a state right after a failed or "
         "repeated call (its turn and its tool's answer prefilled; trained as cross-entropy; the rollout leaves DAPO's "
@@ -103,6 +106,11 @@ class GuideConfig:
                             "whole context again); 0 = none.")
     takeover: bool = _help("The team goes on from a corrected state to its answer (its later turns trained too, "
                            "observations masked); false = only its next turn.")
+    scores: Literal["record", "replay"] = _help(
+        "logprobs: record = the teacher scores each rollout once and its scores are kept, content-addressed, in the "
+        "rl stage's data/teacher/rl (a rerun or a resumed run asks only for what is missing); replay = the scores "
+        "come from that store alone, no teacher (a rerun byte for byte; a score it lacks ends the stage).",
+        default="record")
 
     def __post_init__(self) -> None:
         _require(self.coef >= 0 and self.final_coef >= 0, "coef", "must be >= 0 (coef and final_coef)")
@@ -196,3 +204,6 @@ class RlConfig:
         _require(self.heldout_tasks >= 0, "heldout_tasks", "must be >= 0")
         _require(self.trainable_layers >= 0, "trainable_layers", "must be >= 0 (0 = every parameter)")
         _require(self.logprob_chunk >= 1, "logprob_chunk", "must be >= 1 (positions per chunk)")
+        _require(not (self.guide.source == "logprobs" and self.guide.dapo_coef == 0) or self.max_gen_batches == 1,
+                 "max_gen_batches", "must be 1 with the teacher's reverse KL alone (guide.source logprobs, "
+                 "guide.dapo_coef 0): every rollout of a round trains, no group is filtered, another round buys nothing")

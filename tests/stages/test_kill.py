@@ -148,7 +148,8 @@ def test_deepspeed_ranks_die_with_their_stage_and_a_killed_run_reruns_to_the_sam
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     paths = {"tasks": "data/tasks.parquet", "rl-tasks": "data/rl_tasks.parquet", "policy": "models/sft",
              "index": "data/index", "checkpoints": ".cache/rl", "out": "models/rl", "metrics": "metrics/rl.json",
-             "plots": "plots/rl_reward.json", "web": "data/web/rl"}
+             "plots": "plots/rl_reward.json", "web": "data/web/rl",
+             "teacher": "data/teacher/rl"}
     cmd = [sys.executable, "-m", "stages.rl", "--params", "params.yaml",
            *[x for k, v in paths.items() for x in (f"--{k}", v)]]
     env = {k: v for k, v in env_of().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}

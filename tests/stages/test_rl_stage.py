@@ -59,7 +59,8 @@ def test_paper_preset_rl_runs_on_two_gloo_ranks(tmp_path):
     write_inputs(tmp_path)
     paths = {"tasks": "data/tasks.parquet", "rl-tasks": "data/rl_tasks.parquet", "policy": "models/sft",
              "index": "data/index", "checkpoints": ".cache/rl", "out": "models/rl", "metrics": "metrics/rl.json",
-             "plots": "plots/rl_reward.json", "web": "data/web/rl"}
+             "plots": "plots/rl_reward.json", "web": "data/web/rl",
+             "teacher": "data/teacher/rl"}
     args = ["--params", "params.yaml", *[x for k, v in paths.items() for x in (f"--{k}", v)]]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT),

@@ -24,6 +24,7 @@ from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, encode
 from coa.rollout.types import Rollout
 from coa.teacher.guide import Guide, Turn, clean_style
 from coa.teacher.run import make_teacher
+from coa.teacher.scores import Scorer, open_scorer
 from coa.teacher.states import State, StateFacts, count_states
 from coa.train.data import Example
 
@@ -94,19 +95,28 @@ def _example(tokenizer: Any, context: list[int], legs: list[tuple[str, str | Non
 @dataclass(frozen=True)
 class Guided:
     """What train_dapo learns from beside DAPO's reward: ``examples(task, rollout, correct) -> (examples, facts)``
-    on every rollout after the fact, and the team (``guide``) that takes some of the student's turns in the
-    rollouts themselves (coa.teacher.states.Interjecting; None: no teacher in the rollouts)."""
+    on every rollout after the fact (None: none), the team (``guide``) that takes some of the student's turns in the
+    rollouts themselves (coa.teacher.states.Interjecting; None: no teacher in the rollouts), and an LLM teacher
+    (``teacher``: coa.teacher.scores.Scorer) whose log-probs of every rollout's own tokens give the reverse-KL
+    advantage (coa.train.dapo.distill)."""
 
-    examples: Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]]
+    examples: Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]] | None = None
     guide: Guide | None = None
+    teacher: Scorer | None = None
 
 
 def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, tokenizer: Any, seed: int,
-                max_tokens: int, store: Any = None, judge: Any = None) -> Guided | None:
+                max_tokens: int, store: Any = None, judge: Any = None, scores_dir: str | None = None,
+                ) -> Guided | None:
     """train_dapo's ``guided`` from params: ``cfg`` rl.guide, ``distill`` the distill section (its teacher team,
-    the deliberate mistakes off: coa.teacher.guide.clean_style), ``tools`` common.tools; None for source none."""
+    the deliberate mistakes off: coa.teacher.guide.clean_style; source logprobs: distill.teacher's endpoint, its
+    scores kept in ``scores_dir``), ``tools`` common.tools; None for source none."""
     if cfg.source == "none":
         return None
+    if cfg.source == "logprobs":
+        if scores_dir is None:
+            raise ValueError("guide.source logprobs keeps the teacher's scores in a store: pass scores_dir")
+        return Guided(teacher=open_scorer(distill.teacher, scores_dir, cfg.scores, tokenizer, max_tokens))
     if cfg.source == "own":
         return Guided(own_correct(max_tokens))
     guide = Guide(make_teacher(clean_style(distill), tools, index_dir, store), seed, judge)

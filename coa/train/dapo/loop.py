@@ -22,6 +22,7 @@ from coa.rollout.types import Engine, Limits, Request, Rollout, Sampling, ToolsF
 from coa.rollout.weights import send_weights, transfer_for
 from coa.teacher.states import Interjecting, StateFacts
 from coa.train import collective, kit
+from coa.train.dapo.distill import teacher_metrics, teacher_step
 from coa.train.dapo.engine import engine_group
 from coa.train.dapo.guided import Guided
 from coa.train.dapo.loss import group_advantages, keep_groups
@@ -94,6 +95,7 @@ class DapoResult:
             metrics["guide_agreement_last"] = kit.json_number(guided[-1]["guide_agreement"])
             metrics["guide_tokens_trained"] = int(sum(x.get("guide_tokens_trained", 0) for x in h))
             metrics["interjected_mean"] = round(sum(x.get("interjected", 0.0) for x in h) / len(h), 4)
+        metrics.update(teacher_metrics(h))  # an LLM teacher's reverse KL on the student's rollouts (source logprobs)
         return metrics
 
     def plot_rows(self) -> list[dict[str, Any]]:
@@ -102,7 +104,7 @@ class DapoResult:
 
 
 PLOT_KEYS = ("reward", "accuracy", "groups_kept", "entropy", "clip_fraction", "response_tokens", "tool_calls",
-             "guide_agreement", "guide_loss", "interjected")
+             "guide_agreement", "guide_loss", "interjected", "teacher_kl")
 
 
 def _fifths(history: list[dict], key: str) -> tuple[float, float]:
@@ -230,19 +232,24 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
             engine, tasks, prompts, cfg, limits, _interjecting(tools_factory, guided, tasks, cfg, seed, step), score,
             seed, step, state, ranks)
         weight = cfg.guide.weight(step, cfg.steps) if guided is not None else 0.0
-        examples, facts = _guide(guided, generated, ranks) if weight > 0 else ([], None)
+        examples, facts = _guide(guided, generated, ranks) if weight > 0 and guided.examples else ([], None)
         if facts is not None:
             metrics.update(facts.metrics())
         # DAPO's groups (unless the guided loss is alone), then the rollouts the team took turns in (their turns'
         # cross-entropy; their own tokens are context)
         batch = (batch if cfg.guide.dapo_coef > 0 else []) + (taught if weight > 0 else [])
+        scores = []
+        if weight > 0 and guided.teacher is not None:  # an LLM teacher's log-probs of every rollout's own tokens
+            batch, scores, more = teacher_step(guided.teacher, batch, generated, ranks)
+            metrics.update(more)
         t1 = time.perf_counter()
         if hasattr(engine, "sleep"):  # vLLM's sleep mode: the update gets the engine's GPU memory
             engine.sleep()
         if batch or ranks.max([len(examples)])[0]:  # else every group was all-equal and nothing guided: no update
             with kit.attention_impl(model, "varlen"):  # only here: the engine's forwards use the model's own
                 metrics.update(_update(run, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype,
-                                       seed, step, ranks=ranks, guided=examples, guide_coef=weight))
+                                       seed, step, ranks=ranks, guided=examples, guide_coef=weight,
+                                       scores=scores))
             scheduler.step()
         sync()
         metrics.update(collective.memory_by_rank("rl", step + 1))  # each rank's allocated, reserved, device free

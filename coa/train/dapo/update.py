@@ -29,6 +29,7 @@ import torch
 
 from coa.rollout.types import Rollout
 from coa.train import kit
+from coa.train.dapo.distill import row_scores, token_advantages
 from coa.train.dapo.loss import clip_fraction, kl_k3, masked_mean, policy_loss
 from coa.train.dapo.ranks import Ranks
 from coa.train.data import Example, pack
@@ -134,7 +135,7 @@ class _Plain:
 def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout | None, float]], cfg: Any,
             pad_id: int, dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
             reuse_forward: bool | None = None, ranks: Ranks | None = None, guided: Sequence[Example] = (),
-            guide_coef: float = 0.0) -> dict[str, float]:
+            guide_coef: float = 0.0, scores: Sequence[torch.Tensor | None] = ()) -> dict[str, float]:
     """Old log-probs (and the reference's) in one no-grad pass, then one optimizer step per mini-batch.
 
     With one mini-batch and no KL term the update is the first one on these rollouts, so the old log-probs
@@ -150,16 +151,20 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
 
     ``guided``: this rank's examples of the guided loss (coa.train.dapo.guided), packed into rows of their own in
     the last mini-batch: their cross-entropy (temperature 1, token mean over every rank's guided targets) joins
-    that step at ``guide_coef``, DAPO's loss at ``cfg.guide.dapo_coef``."""
+    that step at ``guide_coef``, DAPO's loss at ``cfg.guide.dapo_coef``.
+
+    ``scores``: per kept rollout, an LLM teacher's log-probs of its policy tokens ([n_i]; None for another rank's):
+    each policy token's advantage is then ``cfg.guide.dapo_coef`` x the outcome's + ``guide_coef`` x the reverse-KL
+    advantage against the teacher (coa.train.dapo.distill), in DAPO's surrogate."""
     with kit.gradient_checkpointing(model, cfg.gradient_checkpointing):
         return _update_body(model, ref_model, optimizer, batch, cfg, pad_id, dev, autocast_dtype, seed, step,
-                            reuse_forward, ranks or Ranks.single(), list(guided), guide_coef)
+                            reuse_forward, ranks or Ranks.single(), list(guided), guide_coef, list(scores))
 
 
 def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout | None, float]], cfg: Any,
                  pad_id: int, dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
                  reuse_forward: bool | None, ranks: Ranks, guided: list[Example], guide_coef: float,
-                 ) -> dict[str, float]:
+                 scores: list[torch.Tensor | None]) -> dict[str, float]:
     trainer = optimizer if hasattr(optimizer, "backward") else _Plain(model, optimizer, cfg.grad_clip)
     use_ref = ref_model is not None and cfg.kl_coef > 0
     n_pg = len(batch)  # examples from n_pg on are the guided loss's
@@ -290,7 +295,10 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
             a, mask = adv[seg[policy]][None], torch.ones_like(lp)
             o = lp.detach() if on_policy else old[b, m][policy][None]
             share = lp.numel() / max(n_mini, 1)
-            loss = policy_loss(lp, o, a, mask, cfg.clip_low, cfg.clip_high) * share * dapo_coef + extra
+            pg_coef = dapo_coef
+            if scores:  # the teacher's per-token reverse-KL advantage beside the outcome's
+                a, pg_coef = token_advantages(a, o, row_scores(scores, row, dev)[None], dapo_coef, guide_coef), 1.0
+            loss = policy_loss(lp, o, a, mask, cfg.clip_low, cfg.clip_high) * share * pg_coef + extra
             if use_ref:
                 kl = masked_mean(kl_k3(lp, ref[b, m][policy][None]), mask)
                 loss = loss + cfg.kl_coef * kl * share
