@@ -147,13 +147,14 @@ class WebStore:
             key_lock = self._key_locks.setdefault(key, threading.Lock())
         with key_lock:  # one thread per key: a second asker waits and then finds it stored
             path = self._path(key)
+            damaged = False
             try:
                 stored = self._read(path, kind, request)
             except Damaged as err:
                 if self.mode == "replay":
                     raise
                 log.warning("%s; fetching it again", err)
-                stored = None
+                stored, damaged = None, True
             if stored is not None:
                 self._count(kind, "hits")
                 return stored
@@ -162,8 +163,8 @@ class WebStore:
                 raise ReplayMiss(kind, request)
             self._count(kind, "live")
             data = canonical({"kind": kind, "request": request, "response": live()})
-            if path.exists():  # damaged (read above): this recording replaces it
-                _write_atomic(path, data)
+            if damaged:  # read above: this recording replaces it (not path.exists(): another process may have
+                _write_atomic(path, data)  # recorded it since the read, and its answer wins)
             elif not _create(path, data):  # another process recorded it first: serve what won
                 self._count(kind, "hits")
                 won = self._read(path, kind, request)

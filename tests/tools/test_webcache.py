@@ -168,7 +168,8 @@ def test_none_is_live_and_creates_only_the_manifest(tmp_path):
 def _writer(root: str, tag: str, go, out) -> None:  # a process of its own: one rank recording
     store = WebStore(root, "record")
     go.wait()
-    out.put((tag, store.get("page", {"url": "https://a.example/x"}, lambda: (time.sleep(0.3), {"by": tag})[1])))
+    slow = {"a": 0.3, "b": 1.0}[tag]  # b's fetch ends after a's answer is stored: b must not overwrite it
+    out.put((tag, store.get("page", {"url": "https://a.example/x"}, lambda: (time.sleep(slow), {"by": tag})[1])))
 
 
 def test_first_writer_wins_across_processes(tmp_path):
@@ -185,7 +186,7 @@ def test_first_writer_wins_across_processes(tmp_path):
     for p in procs:
         p.join(30)
     stored = WebStore(tmp_path, "replay").get("page", {"url": "https://a.example/x"}, lambda: {})
-    assert got["a"] == got["b"] == stored
+    assert got["a"] == got["b"] == stored == {"by": "a"}
     assert not list(tmp_path.glob("objects/*/.tmp-*"))
 
 
