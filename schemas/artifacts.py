@@ -166,9 +166,9 @@ class EvalRow(pa.DataFrameModel):
                            "not fail; null without a failed call")
     repeated_failure: bool = pa.Field(nullable=True, description="The call after the first failed one is that call "
                                       "again; null without a failed call")
-    repeated_calls: int = pa.Field(ge=0, description="Calls identical to an earlier call of the attempt")
+    repeated_calls: int = pa.Field(ge=0, description="Calls the same as an earlier call of the attempt (coa.tools.spec.call_key)")
     team_states: int = pa.Field(ge=0, nullable=True, description="States the rollout visited where the teacher team "
-                                "had a turn (coa.train.dapo.guided.count_states); null for the teacher's own attempts")
+                                "had a turn (coa.teacher.states.agreement); null for the teacher's own attempts")
     team_agree: int = pa.Field(ge=0, nullable=True, description="Of those, the states where the policy's next turn "
                                "did what the team's would (the same call or effect, or a right answer)")
     lucky: bool = pa.Field(nullable=True, description="A correct math answer no program printed (crash or unrelated "

@@ -17,11 +17,12 @@ some correct math answers came from a crashed program. Definitions (the eval's m
                    failed call;
   fixed            that next call differs from the failed one and did not fail itself: a recovery that fixes
                    the problem; null without a failed call;
-  repeated_failure that next call is the failed one again (whitespace aside): the failure repeated; null
+  repeated_failure that next call is the failed one again (coa.tools.spec.call_key): the failure repeated; null
                    without a failed call;
   reflection_names_failure   the first ``<reflection>`` after the first failed call says something failed
                    (error, crash, empty, wrong, fix, retry...); null without a failed call or a reflection;
-  repeated call    a call identical (tool and arguments, whitespace aside) to an earlier one of the rollout;
+  repeated call    the same call as an earlier one of the rollout (coa.tools.spec.call_key: tool and arguments,
+                   whitespace aside, and a search's case);
   lucky            a correct math answer that no program printed: the last program crashed, or no code
                    observation holds the answer; null outside math and for wrong answers.
 
@@ -36,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from coa.tools.observation import failed
-from coa.tools.spec import CODE, TOOL_TAGS
+from coa.tools.spec import CODE, TOOL_TAGS, call_key
 
 _BLOCK = re.compile(r"<(" + "|".join(map(re.escape, (*TOOL_TAGS, "observation", "reflection", "answer")))
                     + r")>(.*?)</\1>", re.S)
@@ -65,7 +66,7 @@ def behaviour(text: str, domain: str, correct: bool, answer: str | None) -> dict
     seen: set[tuple[str, str]] = set()
     repeated = 0
     for tool, args, *_ in calls:
-        key = (tool, " ".join(args.split()))
+        key = call_key(tool, args)
         repeated += key in seen
         seen.add(key)
     failures = [i for i, (tool, _, obs, *_) in enumerate(calls) if obs is not None and failed(tool, obs)]
@@ -76,7 +77,7 @@ def behaviour(text: str, domain: str, correct: bool, answer: str | None) -> dict
         fixed = again = False
         if recovered:
             (tool, args, _, *_), (tool2, args2, obs2, *_) = calls[first], calls[first + 1]
-            again = (tool, " ".join(args.split())) == (tool2, " ".join(args2.split()))
+            again = call_key(tool, args) == call_key(tool2, args2)
             fixed = not again and obs2 is not None and not failed(tool2, obs2)
         between = text[calls[first][4]:calls[first + 1][3] if recovered else len(text)]
         reflection = re.search(r"<reflection>(.*?)</reflection>", between, re.S)
@@ -122,7 +123,7 @@ def rates(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 def _agreement(rows: Sequence[dict[str, Any]]) -> float:
     """Of the states the rows' rollouts visited where the teacher team had a turn (``team_states``), the share where
-    the policy's next turn did what the team's would (``team_agree``; coa.train.dapo.guided.count_states); NaN
+    the policy's next turn did what the team's would (``team_agree``; coa.teacher.states.agreement); NaN
     without such states (the teacher's own rows carry none)."""
     states = sum(r.get("team_states") or 0 for r in rows)
     return round(sum(r.get("team_agree") or 0 for r in rows) / states, 4) if states else float("nan")

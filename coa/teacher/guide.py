@@ -44,7 +44,7 @@ from coa.teacher.roles import SYSTEM
 from coa.teacher.run import Teacher, linearise_or_empty, teacher_attempt
 from coa.teacher.transcript import split_parts
 from coa.tools.observation import failed
-from coa.tools.spec import TOOL_TAGS
+from coa.tools.spec import TOOL_TAGS, call_key
 
 FIX = "Let me fix it and run it again."
 _TAG_LIKE = re.compile(r"</?([A-Za-z_][A-Za-z0-9_]*)>")
@@ -127,10 +127,6 @@ def _plain(text: str) -> str:
     return _TAG_LIKE.sub(r"\1", text)
 
 
-def _key(tag: str, body: str) -> tuple[str, str]:
-    return tag, " ".join(body.split()).lower()
-
-
 def _same_text(a: str, b: str) -> bool:
     return " ".join(a.split()) == " ".join(b.split())
 
@@ -180,10 +176,10 @@ class Guide:
         made = made_calls(steps)
         if steps and steps[-1].tag != "observation":
             return Turn(None, reason="not a state: the text does not end with an observation")
-        keys = {_key(tag, body) for tag, body, _ in made}
+        keys = {call_key(tag, body) for tag, body, _ in made}
         seen = [obs for tag, _, obs in made if not failed(tag, obs)]
         leg_at = next((i for i, leg in enumerate(route.legs[:-1])
-                       if _key(*leg.call) not in keys and not any(_same_text(leg.observation, o) for o in seen)), None)
+                       if call_key(*leg.call) not in keys and not any(_same_text(leg.observation, o) for o in seen)), None)
         leg = route.legs[leg_at] if leg_at is not None else route.legs[-1]
         body = list(leg.steps)
         if made:  # past the start: no second plan, no reflection on the team's own earlier call
@@ -232,7 +228,7 @@ class Guide:
             return call is None and any(s.tag == "answer" for s in steps) and correct
         if call is None:
             return False
-        if _key(*call) == _key(*turn.call):
+        if call_key(*call) == call_key(*turn.call):
             return True
         want = route.legs[turn.leg].observation if turn.leg is not None else None
         return (student_observation is not None and want is not None and not failed(call[0], student_observation)

@@ -24,6 +24,7 @@ from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, decode
 from coa.rollout.types import Rollout
 from coa.teacher.guide import Guide, Turn, made_calls
 from coa.tools.observation import failed
+from coa.tools.spec import call_key
 
 
 @dataclass
@@ -131,6 +132,13 @@ def count_states(guide: Guide, tokenizer: Any, task: dict[str, Any], rollout: Ro
     return facts
 
 
+def agreement(guide: Guide, tokenizer: Any, task: dict[str, Any], rollout: Rollout, correct: bool) -> dict[str, int]:
+    """An eval row's team_states (states where the team has a turn) and team_agree (where the student's next action
+    was the team's), from :func:`count_states`: the eval stage's and bench/rl.py's ``inspect``."""
+    facts = count_states(guide, tokenizer, task, rollout, correct)
+    return {"team_states": facts.guided, "team_agree": facts.agree}
+
+
 def _kind(prefix: str) -> str:
     """Where a state stands: "start", "after_failed" (its last call failed), "after_repeat" (its last call
     repeats an earlier one) or "other"; a prefix that does not parse is "other"."""
@@ -145,8 +153,7 @@ def _kind(prefix: str) -> str:
     tag, body, obs = calls[-1]
     if failed(tag, obs):
         return "after_failed"
-    key = (tag, " ".join(body.split()))
-    return "after_repeat" if key in {(t, " ".join(b.split())) for t, b, _ in calls[:-1]} else "other"
+    return "after_repeat" if call_key(tag, body) in {call_key(t, b) for t, b, _ in calls[:-1]} else "other"
 
 
 class Interjecting:

@@ -19,7 +19,7 @@ from coa.tools import code, crawl_page, web_search
 from coa.tools.context import GOAL, Tool, ToolContext
 from coa.tools.observation import truncate
 from coa.tools.sandbox import check_policy
-from coa.tools.spec import BY_TAG, CODE, CRAWL, SEARCH, TOOLS
+from coa.tools.spec import BY_TAG, CODE, CRAWL, SEARCH, TOOLS, call_key
 
 # tag -> (common.tools, context) -> the tool, or None: not available (e.g. no index)
 BUILDERS: dict[str, Callable[[Any, ToolContext], Tool | None]] = {
@@ -54,7 +54,7 @@ class ToolSession:
             return f"Error: no tool named {tag}; available: {', '.join(sorted(self.tools))}."
         note = BY_TAG[tag].repeat_note if tag in BY_TAG else None
         if note is not None:
-            key = (tag, " ".join(content.lower().split()))
+            key = call_key(tag, content)
             if key in self.seen:
                 return note.format(content=content.strip())
             self.seen.add(key)

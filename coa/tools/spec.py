@@ -6,6 +6,7 @@ fetcher or index; coa.tools.session builds the tools themselves.
     SEARCH.usage                      # '<web_search>query</web_search> searches the web; ...'
     SEARCH.call("founder of Orvane")  # '<web_search>founder of Orvane</web_search>'
     tools_of("math")                  # ('code',)
+    call_key("web_search", " Orvane  Labs")  # ('web_search', 'orvane labs'): the same call as "orvane labs"
     code_source("```python\\nprint(1)\\n```")   # 'print(1)'
 
 Adding a tool: its ToolSpec here (and in TOOLS), a module of this package with its `build`, an entry in
@@ -26,6 +27,7 @@ class ToolSpec:
     does: str                     # the rest of its system-prompt line
     opaque: bool = False          # the body is raw text (code): tag-like text inside it is content
     repeat_note: str | None = None  # an identical repeated call in a trajectory gets this note ({content}) instead
+    case_blind: bool = False      # the tool reads its body regardless of case (a search's words)
 
     def call(self, body: str) -> str:
         """The call as the policy writes it."""
@@ -39,7 +41,8 @@ class ToolSpec:
 
 SEARCH = ToolSpec(tag="web_search", domains=("web",), body="query",
                   does="searches the web; results come back in <observation>.",
-                  repeat_note="Already searched for '{content}'; the results are in an earlier observation.")
+                  repeat_note="Already searched for '{content}'; the results are in an earlier observation.",
+                  case_blind=True)
 CRAWL = ToolSpec(tag="crawl_page", domains=("web",), body="url | url",
                  does="reads pages; their text comes back in <observation>.")
 CODE = ToolSpec(tag="code", domains=("math", "code"), body="```python ...```",
@@ -47,6 +50,14 @@ CODE = ToolSpec(tag="code", domains=("math", "code"), body="```python ...```",
 TOOLS: tuple[ToolSpec, ...] = (SEARCH, CRAWL, CODE)
 BY_TAG = {spec.tag: spec for spec in TOOLS}
 TOOL_TAGS = tuple(BY_TAG)
+
+
+def call_key(tag: str, body: str) -> tuple[str, str]:
+    """What makes two calls the same call, the one definition (the tool session's repeat note, the eval's repeats,
+    the teacher's states): the tool and its body, whitespace aside, and case aside where the tool is case blind."""
+    text = " ".join(body.split())
+    spec = BY_TAG.get(tag)
+    return tag, text.lower() if spec is not None and spec.case_blind else text
 
 
 def tools_of(domain: str) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from coa.format import ALLOWED_TOOLS, OPAQUE_TAGS, STOP_STRINGS, TAGS
 from coa.prompts import system_prompt
 from coa.tools.context import GOAL
 from coa.tools.session import ToolSession
-from coa.tools.spec import BY_TAG, TOOLS
+from coa.tools.spec import BY_TAG, TOOLS, call_key
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN_NAMES = {"web", "math", "code"}  # a tag that is also a domain's name: only its <tag> spellings count
@@ -59,6 +59,25 @@ def test_the_format_and_prompts_read_the_specs():
         for domain in spec.domains:
             assert spec.tag in ALLOWED_TOOLS[domain] and f"- {spec.usage}" in system_prompt(domain)
     assert system_prompt("web").count("<crawl_page>url | url</crawl_page>") == 1
+
+
+def test_the_same_call_is_defined_once():
+    """A search's words are case blind, a program's are not: print(X) and print(x) are two programs."""
+    assert call_key("web_search", " Orvane\n Labs ") == call_key("web_search", "orvane labs") == \
+        ("web_search", "orvane labs")
+    assert call_key("code", "print(X)") != call_key("code", "print(x)")
+    assert call_key("code", "print(1)\n") == call_key("code", " print(1)") == ("code", "print(1)")
+    assert call_key("crawl_page", "https://a/B") != call_key("crawl_page", "https://a/b")  # a path's case counts
+    assert call_key("web_search", "a") != call_key("crawl_page", "a")
+    # its three readers agree with it
+    from coa.eval.behaviour import behaviour
+    from coa.teacher.states import _kind
+
+    text = ("<plan>p</plan><code>\nprint(X)\n</code><observation>1</observation>"
+            "<code>print(x)</code><observation>1</observation>")
+    assert behaviour(text, "math", False, None)["repeated_calls"] == 0
+    assert behaviour(text.replace("print(x)", "print(X) "), "math", False, None)["repeated_calls"] == 1
+    assert _kind(text) == "other" and _kind(text.replace("print(x)", "print(X) ")) == "after_repeat"
 
 
 def test_a_session_gives_the_goal_and_notes_repeats():
