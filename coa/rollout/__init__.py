@@ -12,7 +12,7 @@ in coa.rollout.engines (make_engine from arguments, engine_from from an `engine:
     rollouts[0].response_ids, rollouts[0].loss_mask, rollouts[0].logprobs, rollouts[0].finish
 
     make_engine("vllm", "models/sft", gpu_memory_utilization=0.5)          # in-process vLLM (GPU)
-    make_engine("openai", "models/sft", base_url="http://127.0.0.1:8000/v1", model="sft")  # a vLLM server
+    make_engine("openai", "models/sft", base_url="http://127.0.0.1:8000/v1", served="sft")  # a vLLM server
 
 The policy continues the rendered prompt until a closing tool tag, ``</answer>`` or eos; a tool tag runs
 the tool (``tools(request)``, one session per trajectory) and appends ``"\\n<observation>" + obs +

@@ -22,7 +22,7 @@ ENGINES = ("hf", "vllm", "openai")
 
 
 def make_engine(kind: str, model_path: str | None, *, model: Any = None, tokenizer: Any = None,
-                **options: Any) -> Engine:
+                served: str | None = None, **options: Any) -> Engine:
     """An engine from plain arguments (what a stage reads from params).
 
     hf: ``model_path`` a local HF folder, loaded here, or ``model`` and ``tokenizer`` already loaded (the folder
@@ -33,8 +33,8 @@ def make_engine(kind: str, model_path: str | None, *, model: Any = None, tokeniz
         max_model_len, tool_workers, enable_prefix_caching, seed, and other ``vllm.LLM`` keyword args via
         llm_kwargs).
     openai: ``model_path`` the tokenizer folder (token ids are exchanged, so it must be the served
-        model's tokenizer); options: base_url, model (the served name), api_key_env, timeout_s,
-        max_retries, max_concurrency.
+        model's tokenizer), ``served`` the name the endpoint serves it by; options: base_url, api_key_env,
+        timeout_s, max_retries, max_concurrency.
     """
     if kind == "hf":
         from coa.rollout.hf import HFEngine
@@ -60,8 +60,10 @@ def make_engine(kind: str, model_path: str | None, *, model: Any = None, tokeniz
 
         from coa.rollout.openai import OpenAIEngine
 
-        # ``model`` here is the served model's name (hf's keyword carries an in-memory model; openai has none)
-        return OpenAIEngine(tokenizer=AutoTokenizer.from_pretrained(model_path), model=model, **options)
+        if model is not None or served is None:
+            raise ValueError("make_engine('openai', ...): pass the served model's name as served=NAME (an in-memory "
+                             "model is hf's)")
+        return OpenAIEngine(tokenizer=AutoTokenizer.from_pretrained(model_path), model=served, **options)
     raise ValueError(f"unknown engine kind {kind!r}; expected one of {ENGINES}")
 
 
@@ -82,7 +84,7 @@ def engine_from(cfg: Any, model_path: str) -> Any:
         check_vllm_share(cfg, model_path)
         engine = make_engine("vllm", model_path, dtype=cfg.dtype, **vllm_options(cfg), **node_engines(cfg))
     else:
-        engine = make_engine("openai", model_path, base_url=cfg.base_url, model=cfg.served_model,
+        engine = make_engine("openai", model_path, base_url=cfg.base_url, served=cfg.served_model,
                              api_key_env=cfg.api_key_env, max_concurrency=cfg.max_batch)
     return tracked(engine, f"{cfg.kind} rollouts of {model_path}")
 

@@ -197,7 +197,7 @@ def test_make_engine_builds_each_kind_from_plain_arguments(web_model, tok, tmp_p
     (r,) = engine.rollout(requests_of(1), GREEDY, LIMITS, Recorder())
     assert r.finish == "max_tool_calls"
     with CompletionsServer(web_model, tok) as server:
-        remote = make_engine("openai", str(tmp_path / "m"), base_url=server.base_url, model="fake")
+        remote = make_engine("openai", str(tmp_path / "m"), base_url=server.base_url, served="fake")
         assert isinstance(remote, OpenAIEngine) and remote.url == server.base_url + "/completions"
         (s,) = remote.rollout(requests_of(1), GREEDY, LIMITS, Recorder())
         remote.close()
