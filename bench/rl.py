@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import time
@@ -69,19 +70,15 @@ KEEP = ("task_id", "sample", "domain", "correct", "parse_ok", "finish", "recover
 
 def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok, guide=None) -> list[dict]:
     """The eval stage's rollouts on ``tasks``, each row with its tool-use flags (coa.eval.behaviour) and, with
-    ``guide``, its agreement with the teacher team (coa.train.dapo.guided.count_states)."""
+    ``guide``, its agreement with the teacher team (coa.teacher.states.agreement)."""
     from coa.config import DomainSamplingConfig
     from coa.eval.behaviour import behaviour
     from coa.eval.evaluate import evaluate_by_domain
-    from coa.teacher.states import count_states
-
-    def inspect(task, rollout, correct):
-        facts = count_states(guide, tok, task, rollout, correct)
-        return {"team_states": facts.guided, "team_agree": facts.agree}
+    from coa.teacher.states import agreement
 
     sampling = {d: DomainSamplingConfig(temperature=temperature, top_p=1.0) for d in ("web", "math", "code")}
     rows = evaluate_by_domain(engine, tasks, k, sampling, lambda d: hash((seed, d)) & 0xFFFF, limits, tools, tok,
-                              inspect=inspect if guide is not None else None)
+                              inspect=functools.partial(agreement, guide, tok) if guide is not None else None)
     return [{k_: v for k_, v in {**r, **behaviour(r["text"], r["domain"], r["correct"], r["answer"])}.items()
              if k_ in KEEP} for r in rows]
 

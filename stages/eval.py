@@ -53,7 +53,7 @@ from coa.runtime import agent_limits, judge_from, tools_factory
 from coa.tasks.adapters import load_source
 from coa.teacher.guide import Guide, clean_style
 from coa.teacher.run import TeacherOutage, make_teacher, teacher_rows
-from coa.teacher.states import count_states
+from coa.teacher.states import agreement
 from coa.tools.webcache import close_store, stage_store
 from schemas import EVAL_DTYPES, EvalRow, Task
 from stages._stage import Stage
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, path in sorted(models, key=lambda m: m[0] != "teacher"):  # the teacher first: an outage fails fast
             start = time.perf_counter()
             engine = engine_from(cfg.engine, path) if path else None  # one engine per model, every group
-            inspect = partial(_agreement, guide, engine.tokenizer) if engine is not None else None
+            inspect = partial(agreement, guide, engine.tokenizer) if engine is not None else None
             teacher = None if path else make_teacher(st.params.distill, st.params.common.tools, st.args.index, store)
             for group, part in sets.items():
                 if name == "base" and group == "eval" and cfg.base_max_tasks:
@@ -147,12 +147,6 @@ def main(argv: list[str] | None = None) -> None:
         st.finish(metrics, logged={f"{model}/{key.replace('.', '/').replace('@', '_at_')}": v
                                    for model, m in metrics.items() if isinstance(m, dict) for key, v in m.items()}
                   | {"policy_tokens_per_s": metrics["policy_tokens_per_s"]})
-
-
-def _agreement(guide: Guide, tokenizer: Any, task: dict[str, Any], rollout: Any, correct: bool) -> dict[str, int]:
-    """The eval row's team_states and team_agree (coa.train.dapo.guided.count_states)."""
-    facts = count_states(guide, tokenizer, task, rollout, correct)
-    return {"team_states": facts.guided, "team_agree": facts.agree}
 
 
 if __name__ == "__main__":
