@@ -1,27 +1,32 @@
 """Eval figures from metrics/eval.json's sections: DVC plot rows, the headline table, matplotlib figures.
 
-    rows = plot_rows(metrics)             # {"accuracy": [...], "pass_at_k": [...], "cost": [...]}
+    rows = plot_rows(metrics)             # {"accuracy": [...], "pass_at_k": [...], "cost": [...], "behaviour": [...]}
     table = headline(metrics)             # {"rl": {"accuracy": .., "pass@4": .., ...}, ...}
-    figs = figures(rows)                  # the same three plots as PNG-ready matplotlib figures (MLflow)
+    figs = figures(rows)                  # the same plots as PNG-ready matplotlib figures (MLflow)
 
 `metrics` is one flat section per model (base, sft, rl, teacher) as the eval stage writes them: overall
 keys (`accuracy`, `pass@1`..`pass@k`, `tokens_per_task`, `cost_ratio_vs_teacher`) and per-domain keys
-(`web.accuracy`, ...). Every row carries its model, so a plot draws one bar group / line / point per model.
+(`web.accuracy`, ...), and coa.eval.behaviour's rates. Every row carries its model, so a plot draws one bar
+group / line / point per model.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
 
 DOMAINS = ("overall", "web", "math", "code")
+BEHAVIOUR = {"fix_rate": "fixes after a failed call", "repeat_after_failure_rate": "repeats a failed call",
+             "team_agreement": "acts as the team would"}  # coa.eval.behaviour, coa.teacher.states: what RL teaches
 
 
 def plot_rows(metrics: dict[str, dict[str, float]]) -> dict[str, list[dict[str, Any]]]:
     """Rows for dvc plots: accuracy per model and domain (overall too), pass@k per model at integer k,
-    billed tokens per task against accuracy per model."""
-    accuracy, curves, cost = [], [], []
+    billed tokens per task against accuracy per model, and per model the BEHAVIOUR rates it has (a rate over
+    failed calls is absent where a model made none)."""
+    accuracy, curves, cost, behaviour = [], [], [], []
     for model, m in metrics.items():
         for domain in DOMAINS:
             key = "accuracy" if domain == "overall" else f"{domain}.accuracy"
@@ -31,7 +36,9 @@ def plot_rows(metrics: dict[str, dict[str, float]]) -> dict[str, list[dict[str, 
                           if key.startswith("pass@")), key=lambda r: r["k"])
         if "accuracy" in m and "tokens_per_task" in m:
             cost.append({"model": model, "tokens_per_task": m["tokens_per_task"], "accuracy": m["accuracy"]})
-    return {"accuracy": accuracy, "pass_at_k": curves, "cost": cost}
+        behaviour += [{"model": model, "measure": label, "rate": m[key]} for key, label in BEHAVIOUR.items()
+                      if isinstance(m.get(key), (int, float)) and not math.isnan(m[key])]
+    return {"accuracy": accuracy, "pass_at_k": curves, "cost": cost, "behaviour": behaviour}
 
 
 def headline(metrics: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:
@@ -82,6 +89,17 @@ def figures(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         ax.annotate(r["model"], (r["tokens_per_task"], r["accuracy"]), textcoords="offset points", xytext=(5, 5))
     ax.set(title="Cost versus accuracy", xlabel="billed tokens per task", ylabel="accuracy", ylim=(-0.05, 1.1))
     figs["cost"] = fig
+    measures = list(dict.fromkeys(r["measure"] for r in rows["behaviour"]))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / max(len(measures), 1)
+    for j, measure in enumerate(measures):
+        values = {r["model"]: r["rate"] for r in rows["behaviour"] if r["measure"] == measure}
+        ax.bar([i + j * width for i in range(len(models))], [values.get(m, 0.0) for m in models], width, label=measure)
+    ax.set_xticks([i + width * (len(measures) - 1) / 2 for i in range(len(models))], models)
+    ax.set(title="How each model uses its tools", ylabel="share", ylim=(0, 1.05))
+    if measures:
+        ax.legend(fontsize="small")
+    figs["behaviour"] = fig
     return figs
 
 

@@ -14,11 +14,14 @@ from coa.eval.plots import figures, headline, plot_rows
 
 METRICS = {
     "sft": {"accuracy": 0.25, "web.accuracy": 0.0, "math.accuracy": 0.5, "code.accuracy": 0.25, "pass@1": 0.25,
-            "pass@2": 0.4, "tokens_per_task": 2700.0, "cost_ratio_vs_teacher": 0.5},
+            "pass@2": 0.4, "tokens_per_task": 2700.0, "cost_ratio_vs_teacher": 0.5, "fix_rate": 0.1,
+            "repeat_after_failure_rate": 0.75, "team_agreement": 0.25},
     "rl": {"accuracy": 0.5, "web.accuracy": 0.25, "math.accuracy": 0.75, "code.accuracy": 0.5, "pass@1": 0.5,
-           "pass@2": 0.6, "tokens_per_task": 2800.0, "cost_ratio_vs_teacher": 0.52},
+           "pass@2": 0.6, "tokens_per_task": 2800.0, "cost_ratio_vs_teacher": 0.52, "fix_rate": 0.4,
+           "repeat_after_failure_rate": 0.3, "team_agreement": 0.5},
     "teacher": {"accuracy": 1.0, "web.accuracy": 1.0, "math.accuracy": 1.0, "code.accuracy": 1.0, "pass@1": 1.0,
-                "pass@2": 1.0, "tokens_per_task": 5400.0},
+                "pass@2": 1.0, "tokens_per_task": 5400.0, "fix_rate": 1.0, "repeat_after_failure_rate": 0.0,
+                "team_agreement": float("nan")},
 }
 
 
@@ -31,12 +34,17 @@ def test_rows_are_per_model_and_match_the_metrics():
     assert [(r["model"], r["k"]) for r in rows["pass_at_k"]][:2] == [("sft", 1), ("sft", 2)]
     assert all(isinstance(r["k"], int) for r in rows["pass_at_k"])
     assert {r["model"] for r in rows["cost"]} == set(METRICS)
+    # what RL teaches, per model: the teacher's agreement with itself is NaN (no states) and left out
+    assert [(r["model"], r["rate"]) for r in rows["behaviour"] if r["measure"] == "repeats a failed call"] == \
+        [("sft", 0.75), ("rl", 0.3), ("teacher", 0.0)]
+    assert [r["model"] for r in rows["behaviour"] if r["measure"] == "acts as the team would"] == ["sft", "rl"]
     table = headline(METRICS)
     assert table["rl"] == {"accuracy": 0.5, "pass@2": 0.6, "tokens_per_task": 2800.0, "cost_vs_teacher": 0.52}
     assert table["teacher"]["cost_vs_teacher"] == 1.0
     figs = figures(rows)
     assert figs["accuracy"].axes[0].get_title() == "Accuracy by model and domain"
     assert [t.get_text() for t in figs["cost"].axes[0].texts] == ["sft", "rl", "teacher"]
+    assert len(figs["behaviour"].axes[0].patches) == 3 * 3  # a bar per model and measure
 
 
 def test_dvc_plots_show_renders_offline_with_the_templates(tmp_path, repo_root):
