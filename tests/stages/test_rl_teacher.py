@@ -34,10 +34,11 @@ def test_the_stage_keeps_the_teachers_scores_when_killed_and_replays_them_byte_f
     write_inputs(tmp_path)
     tok = make_tokenizer()
     server = TeacherServer(scripted_qwen2(tok, ANSWER_SCRIPT).eval(), tok).start()
+    url = server.base_url  # read while it listens: the replay's params name it after it stopped
 
     def params(scores: str) -> None:
         p = yaml.safe_load((tmp_path / "params.yaml").read_text())
-        merge(p, {"distill": {"teacher": {"base_url": server.base_url, "model": "teacher", "max_retries": 1,
+        merge(p, {"distill": {"teacher": {"base_url": url, "model": "teacher", "max_retries": 1,
                                "max_concurrency": 1}},  # one at a time: the kill comes between two requests
                   "rl": {"deepspeed": {"enabled": False}, "temperature": 1.0,
                          "guide": {"source": "logprobs", "coef": 1.0, "final_coef": 0.5, "dapo_coef": 1.0,
