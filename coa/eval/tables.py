@@ -87,8 +87,11 @@ def behaviour(root: Path) -> list[str]:
     m = _load(root, "eval.json")
     sft, rl = m["sft"], m["rl"]
     return [f"After a failed tool call the SFT policy calls again in {_pct(sft['recovery_rate'])}% of cases and its "
-            f"reflection names the failure in {_pct(sft['reflection_names_failure_rate'])}% (RL: "
-            f"{_pct(rl['recovery_rate'])}%, {_pct(rl['reflection_names_failure_rate'])}%; coa.eval.behaviour)."]
+            f"reflection names the failure in {_pct(sft['reflection_names_failure_rate'])}%, but its next call fixes "
+            f"the problem in {_pct(sft['fix_rate'])}% and repeats the failed call in "
+            f"{_pct(sft['repeat_after_failure_rate'])}% (RL: {_pct(rl['recovery_rate'])}%, "
+            f"{_pct(rl['reflection_names_failure_rate'])}%, {_pct(rl['fix_rate'])}%, "
+            f"{_pct(rl['repeat_after_failure_rate'])}%; coa.eval.behaviour)."]
 
 
 def peaks(root: Path) -> list[str]:
