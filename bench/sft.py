@@ -2,6 +2,7 @@
 
     python bench/sft.py                       # models/base + data/trajectories.parquet when present
     python bench/sft.py --tokens 200000 --row-tokens 2048
+    python bench/sft.py --only packed/varlen --dtype float32   # the trainer's path in another autocast dtype
 
 Every configuration trains one epoch of the same examples (so the same real tokens) with coa.train.sft.train_sft,
 from the same starting weights, with the sft section of params.yaml otherwise (bf16 autocast, AdamW):
@@ -106,6 +107,8 @@ def main() -> int:
         default=None,
         help="subset of: packed/varlen packed/mask padded/mask padded/varlen",
     )
+    ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
+                    help="autocast dtype (default: sft.dtype; auto = bfloat16 only where native)")
     args = ap.parse_args()
 
     params = load_params(ROOT / "params.yaml")
@@ -119,6 +122,7 @@ def main() -> int:
         gradient_accumulation=1,
         epochs=1.0,
         deepspeed=dataclasses.replace(cfg.deepspeed, enabled=False),
+        dtype=args.dtype or cfg.dtype,
     )
     model, tok, examples, source = load_inputs(args.tokens, cfg.max_len, params.common.seed)
     n_tokens = sum(map(len, examples))
