@@ -30,7 +30,8 @@ SHRINK = {
     "rl": {"steps": 2, "prompts_per_step": 2, "rollouts_per_prompt": 4, "max_gen_batches": 2, "mini_batches": 2,
            "row_tokens": 512, "lr": 1e-3, "warmup_steps": 0, "overlong_buffer": 224, "heldout_tasks": 1,
            "checkpoint_every": 1, "engine": {"kind": "hf", "max_batch": 16},
-           "deepspeed": {"dist_backend": "gloo"}},
+           "deepspeed": {"dist_backend": "gloo"},
+           "guide": {"source": "none"}},  # the preset's LLM teacher: tests/stages/test_rl_teacher.py, test_paper_vllm.py
 }
 
 
