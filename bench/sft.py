@@ -108,7 +108,7 @@ def main() -> int:
         help="subset of: packed/varlen packed/mask padded/mask padded/varlen",
     )
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
-                    help="autocast dtype (default: sft.dtype; auto = bfloat16 only where native)")
+                    help="autocast dtype (default: sft.dtype; auto = bfloat16 only where it trains natively: CUDA, AMX)")
     args = ap.parse_args()
 
     params = load_params(ROOT / "params.yaml")

@@ -6,6 +6,11 @@ with AVX512_BF16/AMX get bfloat16, unless torch's or oneDNN's kernels are held b
 (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2``: how an AVX512 machine runs as an AVX2 laptop). Every stage logs the dtype it resolved; its metrics JSON records it
 beside ``hardware_facts()`` (torch's CPU kernel level, AMX, AVX512_BF16).
 
+Training asks more of the unit than decoding: ``resolve_dtype(..., train=True)`` (SFT's and RL's updates, the
+ZeRO config) takes bf16 on a CPU only with AMX. AVX512_BF16's dot-product instructions alone decode faster in bf16
+(bench/rollout.py, batch 16: 106 against 88 tokens/s) but train 1.65x slower under bf16 autocast than in float32
+(bench/sft.py --dtype: 129-130 against 210-221 tokens/s; docs/sizing.md), so training there is float32.
+
     >>> resolve_dtype("float32")
     torch.float32
 """
@@ -58,12 +63,24 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
     return any(cpu_bf16_features().values())
 
 
-def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
-    """``auto`` -> bf16 where native on ``device``, else float32; a dtype name -> that torch dtype."""
+def native_bf16_training(device: str | torch.device = "cpu") -> bool:
+    """Whether ``device`` trains faster in bf16 than in float32: CUDA with bf16; a CPU with AMX tiles (and its
+    kernels not held below them). AVX512_BF16 alone decodes bf16 natively but trains slower (see above)."""
+    dev = torch.device(device)
+    if dev.type != "cpu":
+        return native_bf16(dev)
+    held = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    return native_bf16(dev) and cpu_bf16_features()["amx"] and (held in {"ALL", "DEFAULT"} or "AMX" in held)
+
+
+def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu", *, train: bool = False) -> torch.dtype:
+    """``auto`` -> bf16 where native on ``device`` (with ``train``: where it trains faster than float32, see
+    ``native_bf16_training``), else float32; a dtype name -> that torch dtype."""
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
-        return torch.bfloat16 if native_bf16(device) else torch.float32
+        native = native_bf16_training(device) if train else native_bf16(device)
+        return torch.bfloat16 if native else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}: use auto, {', '.join(DTYPES)}")
     return DTYPES[name]

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
                              "0/k (see metrics/solve_filter.json; solve_filter.drop_unsolved: false keeps 0/k)")
         model, tok = st.load(st.args.policy, zero_settings(cfg))  # ZeRO-3: each rank loads its shard
         # the update's dtype, resolved where train_dapo resolves it (the policy's device)
-        st.compute = compute_facts(resolve_dtype(cfg.dtype, next(model.parameters()).device))
+        st.compute = compute_facts(resolve_dtype(cfg.dtype, next(model.parameters()).device, train=True))
         engine = rl_engine(cfg, st.args.policy, model, tok)  # hf beside the model, or vLLM per rank
         ref = reference_model(st.args.policy, cfg)  # None unless rl.kl_coef > 0; under ZeRO-3 sharded
         judge = judge_from(st.params.common.judge)

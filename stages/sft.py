@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{st.args.trajectories}: no trajectories to train on; "
                              "check the distill stage's filters")
         model, tok = st.load(st.args.base, zero_settings(cfg))
-        st.compute = compute_facts(resolve_dtype(cfg.dtype, default_device()))  # train_sft's autocast dtype
+        st.compute = compute_facts(resolve_dtype(cfg.dtype, default_device(), train=True))  # train_sft's autocast dtype
         start = time.perf_counter()
         examples, truncated = encode_trajectories(tok, records, cfg.max_len, mask_drafts=cfg.mask_drafts)
         log.info("sft: %d trajectories tokenised in %.1f s (%d tokens)", len(examples),

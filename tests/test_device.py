@@ -114,3 +114,26 @@ def test_make_isa_avx2_holds_every_library_to_avx2(repo_root):
     bad = subprocess.run(["make", "-s", "--eval", "probe: ; @true", "probe", "ISA=sse"], cwd=repo_root,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "the one value is avx2" in bad.stderr
+
+
+@pytest.mark.parametrize("kw, train", [({"flags": "avx2 avx512f avx512_bf16"}, torch.float32),
+                                       ({"avx512_bf16": True}, torch.float32),
+                                       ({"amx": True}, torch.bfloat16),
+                                       ({"avx512_bf16": True, "flags": "amx_tile amx_bf16"}, torch.bfloat16)])
+def test_training_takes_bf16_on_a_cpu_only_with_amx(monkeypatch, kw, train):
+    """AVX512_BF16 alone decodes bf16 natively but trains 1.65x slower under bf16 autocast than in float32
+    (docs/sizing.md): rollouts get bf16 there, the trainers float32; AMX gets bf16 for both."""
+    _cpu(monkeypatch, **kw)
+    assert resolve_dtype("auto", "cpu") == torch.bfloat16
+    assert resolve_dtype("auto", "cpu", train=True) == train
+    assert resolve_dtype("bfloat16", "cpu", train=True) == torch.bfloat16  # a name is a name
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # oneDNN held below its AMX ISA
+    assert resolve_dtype("auto", "cpu", train=True) == torch.float32
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert resolve_dtype("auto", "cpu", train=True) == train
+
+
+def test_training_on_cuda_follows_bf16_support(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", "cuda", train=True) == torch.bfloat16

@@ -325,7 +325,7 @@ def train_sft(
     def lr_lambda(s: int) -> float:
         return lr_factor(s, total, cfg.warmup_ratio, cfg.min_lr_ratio)
 
-    compute_dtype = resolve_dtype(cfg.dtype, device or default_device())
+    compute_dtype = resolve_dtype(cfg.dtype, device or default_device(), train=True)
     log.info("sft: compute dtype %s (sft.dtype=%s, cpu %s)", str(compute_dtype).removeprefix("torch."), cfg.dtype,
              cpu_capability())
     autocast_dtype = torch.bfloat16 if compute_dtype == torch.bfloat16 else None

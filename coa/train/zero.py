@@ -102,7 +102,7 @@ def deepspeed_config(ds: DeepSpeedConfig, world: int, *, dtype: str, grad_clip: 
         "train_batch_size": micro_batch * accumulation * world,
         "gradient_clipping": grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": resolve_dtype(dtype, default_device()) == torch.bfloat16},
+        "bf16": {"enabled": resolve_dtype(dtype, default_device(), train=True) == torch.bfloat16},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1 << 30,
     }

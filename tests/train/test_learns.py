@@ -121,7 +121,7 @@ def sft_run(tok, device: str, lr: float) -> tuple[list[float], float, float]:
     dev = torch.device(device)
     train, heldout = encode(tok, tasks(24, 0)), encode(tok, tasks(8, 1))
     c = sft_cfg(lr=lr, dtype="auto", rows_per_step=1, epochs=2.0, warmup_ratio=0.1)
-    dtype = resolve_dtype(c.dtype, dev)
+    dtype = resolve_dtype(c.dtype, dev, train=True)
     model = tiny_model(tok, seed=0)
     before = heldout_loss(model, heldout, dev, dtype, tok.pad_token_id)
     result = T.train_sft(model, train, c, seed=0, pad_id=tok.pad_token_id, device=dev, progress=False)

@@ -170,7 +170,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
         optimizer, scheduler = zero_trainer(model, cfg, lr_lambda)
         ranks, run, dev, zero_stage = Ranks.current(), optimizer.engine, optimizer.engine.device, cfg.deepspeed.zero_stage
         autocast_dtype = None  # DeepSpeed's bf16 mode casts the module itself
-        bf16 = resolve_dtype(cfg.dtype, dev) == torch.bfloat16
+        bf16 = resolve_dtype(cfg.dtype, dev, train=True) == torch.bfloat16
         if ref_model is not None and cfg.kl_coef > 0 and not _is_engine(ref_model):
             if zero_stage == 3:  # every rank holds its shard only, as of the policy
                 ref_model = deepspeed_inference(ref_model, cfg.deepspeed, **zero_settings(cfg))
@@ -181,7 +181,7 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
         optimizer = kit.build_optimizer(model, cfg.lr, cfg.betas, cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
         ranks, run, zero_stage = Ranks.single(), model, 0
-        autocast_dtype = torch.bfloat16 if resolve_dtype(cfg.dtype, dev) == torch.bfloat16 else None
+        autocast_dtype = torch.bfloat16 if resolve_dtype(cfg.dtype, dev, train=True) == torch.bfloat16 else None
         bf16 = autocast_dtype is not None
     log.info("rl: update dtype %s (rl.dtype=%s)%s", torch.bfloat16 if bf16 else torch.float32, cfg.dtype,
              f", DeepSpeed ZeRO-{zero_stage} on {ranks.world} ranks" if use_ds else "")
