@@ -66,12 +66,8 @@ def figures(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     figs = {}
     models = list(dict.fromkeys(r["model"] for r in rows["accuracy"] + rows["pass_at_k"] + rows["cost"]))
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    domains = [d for d in DOMAINS if any(r["domain"] == d for r in rows["accuracy"])]
-    width = 0.8 / max(len(domains), 1)
-    for j, domain in enumerate(domains):
-        values = {r["model"]: r["accuracy"] for r in rows["accuracy"] if r["domain"] == domain}
-        ax.bar([i + j * width for i in range(len(models))], [values.get(m, 0.0) for m in models], width, label=domain)
-    ax.set_xticks([i + width * (len(domains) - 1) / 2 for i in range(len(models))], models)
+    _grouped_bars(ax, models, rows["accuracy"], "domain", "accuracy",
+                  [d for d in DOMAINS if any(r["domain"] == d for r in rows["accuracy"])])
     ax.set(title="Accuracy by model and domain", ylabel="accuracy (avg@k)", ylim=(0, 1.05))
     ax.legend(title="domain", fontsize="small")
     figs["accuracy"] = fig
@@ -91,16 +87,23 @@ def figures(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     figs["cost"] = fig
     measures = list(dict.fromkeys(r["measure"] for r in rows["behaviour"]))
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.8 / max(len(measures), 1)
-    for j, measure in enumerate(measures):
-        values = {r["model"]: r["rate"] for r in rows["behaviour"] if r["measure"] == measure}
-        ax.bar([i + j * width for i in range(len(models))], [values.get(m, 0.0) for m in models], width, label=measure)
-    ax.set_xticks([i + width * (len(measures) - 1) / 2 for i in range(len(models))], models)
+    _grouped_bars(ax, models, rows["behaviour"], "measure", "rate", measures)
     ax.set(title="How each model uses its tools", ylabel="share", ylim=(0, 1.05))
     if measures:
         ax.legend(fontsize="small")
     figs["behaviour"] = fig
     return figs
+
+
+def _grouped_bars(ax: Any, models: list[str], rows: list[dict[str, Any]], group: str, value: str,
+                  groups: list[str]) -> None:
+    """A bar per model in each of ``groups`` (the rows' ``group`` field), side by side, labelled by group; a model
+    without a row in a group gets a zero bar."""
+    width = 0.8 / max(len(groups), 1)
+    for j, name in enumerate(groups):
+        values = {r["model"]: r[value] for r in rows if r[group] == name}
+        ax.bar([i + j * width for i in range(len(models))], [values.get(m, 0.0) for m in models], width, label=name)
+    ax.set_xticks([i + width * (len(groups) - 1) / 2 for i in range(len(models))], models)
 
 
 def publish(run: Any, metrics: dict[str, dict[str, float]], plots_dir: str | Path, headline_dir: str | Path) -> None:
