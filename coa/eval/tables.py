@@ -39,9 +39,21 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def _machine(m: dict[str, Any]) -> str:
+def _dtypes(rollout: str, train: str | None = None) -> str:
+    """"bfloat16", or "bfloat16 rollouts, float32 training" where the trainers resolved another dtype (coa.device:
+    AVX512_BF16 without AMX)."""
+    return rollout if train in (None, rollout) else f"{rollout} rollouts, {train} training"
+
+
+def _machine(m: dict[str, Any], train: str | None = None) -> str:
     native = "AVX512_BF16" if m.get("avx512_bf16") else "no AVX512_BF16"
-    return f"`cpu_capability` {m['cpu_capability']}, {native}, {'AMX' if m.get('amx') else 'no AMX'}, {m['dtype']}"
+    amx = "AMX" if m.get("amx") else "no AMX"
+    return f"`cpu_capability` {m['cpu_capability']}, {native}, {amx}, {_dtypes(m['dtype'], train)}"
+
+
+def _train_dtype(root: Path) -> str | None:
+    path = root / "metrics" / "sft.json"
+    return json.loads(path.read_text()).get("dtype") if path.exists() else None
 
 
 def scores(root: Path) -> list[str]:
@@ -58,7 +70,7 @@ def scores(root: Path) -> list[str]:
     d = m["rl_vs_sft"]
     lines += ["", f"RL minus SFT on the same {d['tasks']} tasks (paired bootstrap over tasks): "
                   f"{100 * d['accuracy_diff']:+.1f} points [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]. "
-                  f"Machine: {_machine(m)}."]
+                  f"Machine: {_machine(m, _train_dtype(root))}."]
     return lines
 
 
@@ -99,7 +111,7 @@ def peaks(root: Path) -> list[str]:
     total = sum(s["wall_time_s"] for s in m.values())
     top = max(STAGES, key=lambda n: m[n]["peak_rss_gb"])
     roll = max(ROLLOUT_STAGES, key=lambda n: m[n]["peak_rss_gb"])
-    return [f"This run: {total / 60:.1f} min of stages in {m['eval']['dtype']} (`cpu_capability` "
+    return [f"This run: {total / 60:.1f} min of stages in {_dtypes(m['eval']['dtype'], m['sft'].get('dtype'))} (`cpu_capability` "
             f"{m['eval']['cpu_capability']}); the largest peak {top} at {m[top]['peak_rss_gb']:.2f} GB, of the "
             f"rollout stages {roll} at {m[roll]['peak_rss_gb']:.2f} GB."]
 
@@ -114,7 +126,7 @@ def run(root: Path) -> list[str]:
                                                                             key=lambda n: -m[n]["peak_rss_gb"]))
     return [
         "| figure | value |", "| --- | --- |",
-        f"| machine | {_machine(e)} |",
+        f"| machine | {_machine(e, s.get('dtype'))} |",
         f"| trajectories kept (math / code / web), SFT tokens | {d['math.kept']} / {d['code.kept']} / {d['web.kept']} "
         f"({d['kept']} of {d['tasks']}; {d['rejected']} rejected), {s['dataset_tokens']:,} tokens "
         f"({s['dataset_target_tokens']:,} trained targets) |",

@@ -49,3 +49,20 @@ def test_every_block_is_on_a_page_and_a_stage_metric_reaches_both_pages(tmp_path
     sft_json.write_text(json.dumps(m))
     assert stale(tmp_path) == ["README.md", "docs/sizing.md"]
 
+
+
+def test_the_machine_names_the_training_dtype_where_it_differs(tmp_path: Path):
+    """AVX512_BF16 without AMX samples in bf16 and trains in float32 (coa.device): the pages say both."""
+    _copy_pages_and_metrics(tmp_path)
+    for name, dtype in (("eval.json", "bfloat16"), ("sft.json", "float32")):
+        path = tmp_path / "metrics" / name
+        m = json.loads(path.read_text())
+        m["dtype"] = dtype
+        path.write_text(json.dumps(m))
+    page = render((tmp_path / "README.md").read_text(), tmp_path)
+    assert "AMX, bfloat16 rollouts, float32 training." in page
+    m = json.loads((tmp_path / "metrics/sft.json").read_text())
+    m["dtype"] = "bfloat16"
+    (tmp_path / "metrics/sft.json").write_text(json.dumps(m))
+    page = render((tmp_path / "README.md").read_text(), tmp_path)
+    assert "training" not in page.split("Machine: ")[1].split("\n")[0]
