@@ -5,7 +5,7 @@
     python bench/sft.py --only packed/varlen --dtype float32   # the trainer's path in another autocast dtype
 
 Every configuration trains one epoch of the same examples (so the same real tokens) with coa.train.sft.train_sft,
-from the same starting weights, with the sft section of params.yaml otherwise (bf16 autocast, AdamW):
+from the same starting weights, with the sft section of params.yaml otherwise (its dtype as training resolves it, AdamW):
 
     packed / varlen   the trainer's default: packed rows, attention per sample (no [T, T] mask)
     packed / mask     packed rows through coa.train.data's 4D block-diagonal mask and the model's sdpa

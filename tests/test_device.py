@@ -45,9 +45,9 @@ def test_an_avx512_bf16_cpu_held_to_avx2_gets_float32(monkeypatch, held):
 def test_cuda_follows_bf16_support(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert resolve_dtype("auto", "cuda") == resolve_dtype("auto", "cuda", train=True) == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    assert resolve_dtype("auto", "cuda") == torch.float32
+    assert resolve_dtype("auto", "cuda") == resolve_dtype("auto", "cuda", train=True) == torch.float32
 
 
 def test_explicit_names_and_errors():
@@ -131,9 +131,3 @@ def test_training_takes_bf16_on_a_cpu_only_with_amx(monkeypatch, kw, train):
     assert resolve_dtype("auto", "cpu", train=True) == torch.float32
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
     assert resolve_dtype("auto", "cpu", train=True) == train
-
-
-def test_training_on_cuda_follows_bf16_support(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert resolve_dtype("auto", "cuda", train=True) == torch.bfloat16

@@ -51,10 +51,6 @@ def _machine(m: dict[str, Any], train: str | None = None) -> str:
     return f"`cpu_capability` {m['cpu_capability']}, {native}, {amx}, {_dtypes(m['dtype'], train)}"
 
 
-def _train_dtype(root: Path) -> str | None:
-    path = root / "metrics" / "sft.json"
-    return json.loads(path.read_text()).get("dtype") if path.exists() else None
-
 
 def scores(root: Path) -> list[str]:
     m = _load(root, "eval.json")
@@ -70,7 +66,7 @@ def scores(root: Path) -> list[str]:
     d = m["rl_vs_sft"]
     lines += ["", f"RL minus SFT on the same {d['tasks']} tasks (paired bootstrap over tasks): "
                   f"{100 * d['accuracy_diff']:+.1f} points [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]. "
-                  f"Machine: {_machine(m, _train_dtype(root))}."]
+                  f"Machine: {_machine(m, _load(root, 'sft.json').get('dtype'))}."]
     return lines
 
 

@@ -50,7 +50,6 @@ def test_every_block_is_on_a_page_and_a_stage_metric_reaches_both_pages(tmp_path
     assert stale(tmp_path) == ["README.md", "docs/sizing.md"]
 
 
-
 def test_the_machine_names_the_training_dtype_where_it_differs(tmp_path: Path):
     """AVX512_BF16 without AMX samples in bf16 and trains in float32 (coa.device): the pages say both."""
     _copy_pages_and_metrics(tmp_path)
