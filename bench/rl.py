@@ -18,7 +18,8 @@ stage does (coa.eval.evaluate.evaluate_by_domain, ``--eval-temperature``, ``--ev
 by task with a bootstrap interval (coa.eval.metrics.paired_difference). Prints one JSON row (appended to
 ``--out``): the settings, wall and CPU seconds per part (CPU: the process's, every thread), rollouts generated,
 accuracy and format_ok per domain, tool use after a failed call (coa.eval.behaviour) and agreement with the team
-on the slice, the paired difference.
+on the slice, the paired difference, and each policy's result per task (``sft_correct``, ``rl_correct``), so that
+two arms' rows pair with each other.
 Needs the pipeline's outputs up to sft (``dvc repro sft``); quote the printed ``cpu`` with the figures.
 """
 
@@ -225,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                              {(r["task_id"], r["sample"]): r["correct"] for r in sft_rows}, 1000, 0)
     row["rl_vs_sft"] = [pair["accuracy_diff"], pair["ci_low"], pair["ci_high"]]
     row["rl_finish"] = {f: sum(r["finish"] == f for r in rl_rows) for f in {r["finish"] for r in rl_rows}}
+    for name, rows in (("sft", sft_rows), ("rl", rl_rows)):  # per task, so that arms pair with each other
+        row[f"{name}_correct"] = {f"{r['task_id']}/{r['sample']}": int(r["correct"]) for r in rows}
     print(json.dumps(row), flush=True)
     if args.out:
         with open(args.out, "a") as f:
