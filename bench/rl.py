@@ -4,6 +4,7 @@
     python bench/rl.py --tag lr5e-5 --set lr=5e-5 --set steps=6 --pool 24 --filter-k 4
     python bench/rl.py --tag top8 --set trainable_layers=8 --eval-temperature 0.6 --eval-k 2 --out /tmp/rl.jsonl
     python bench/rl.py --tag opd --set guide.source=team --set guide.dapo_coef=0 --set trainable_layers=0
+    python bench/rl.py --pair /tmp/rl.jsonl       # the arms of a study paired with SFT and with each other
 
 The validation slice is the last ``--val`` rl-split tasks of each domain (by task_id), never the eval split
 and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
@@ -97,6 +98,37 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def _outcomes(results: dict[str, int], domain: str | None = None) -> dict[tuple[str, int], bool]:
+    """A row's ``sft_correct`` / ``rl_correct`` ("task_id/sample" -> 0|1) as paired_difference's keys, one domain
+    (task ids start with it) or all."""
+    out = {}
+    for key, value in results.items():
+        task_id, sample = key.rsplit("/", 1)
+        if domain is None or task_id.startswith(domain):
+            out[(task_id, int(sample))] = bool(value)
+    return out
+
+
+def pair(rows: list[dict], n_boot: int = 1000) -> list[dict]:
+    """Arms of one study paired: every arm against SFT (overall and per domain) and every two arms with each
+    other, on the tasks both rows hold (rows without per-task results are skipped)."""
+    from coa.eval.metrics import paired_difference
+
+    rows = [r for r in rows if "rl_correct" in r]
+    out = []
+    for r in rows:
+        for domain in (None, "web", "math", "code"):
+            a, b = _outcomes(r["rl_correct"], domain), _outcomes(r["sft_correct"], domain)
+            if a:
+                out.append({"a": r["tag"], "b": "sft", "domain": domain or "all",
+                            **paired_difference(a, b, n_boot, 0)})
+    for i, r in enumerate(rows):
+        for other in rows[i + 1:]:
+            out.append({"a": r["tag"], "b": other["tag"], "domain": "all",
+                        **paired_difference(_outcomes(r["rl_correct"]), _outcomes(other["rl_correct"]), n_boot, 0)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default="models/sft")
@@ -115,7 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", default=None, help="save the RL policy here")
     ap.add_argument("--filter-only", action="store_true", help="stop after the solve filter (fills its cache)")
     ap.add_argument("--out", default=None, help="append the JSON row to this file")
+    ap.add_argument("--pair", default=None, metavar="ROWS",
+                    help="no run: pair the arms of a rows file (--out's) with SFT and with each other, and print them")
     args = ap.parse_args(argv)
+    if args.pair:
+        for p in pair([json.loads(line) for line in Path(args.pair).read_text().splitlines() if line.strip()]):
+            print(json.dumps(p))
+        return 0
 
     from coa.config import derive_seed, load_params
     from coa.device import cpu_capability, resolve_dtype
@@ -222,9 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     rl_rows = evaluate_rows(engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
     row["eval_s"] = round(time.perf_counter() - start, 1)
     row["sft"], row["rl"] = summary(sft_rows), summary(rl_rows)
-    pair = paired_difference({(r["task_id"], r["sample"]): r["correct"] for r in rl_rows},
+    diff = paired_difference({(r["task_id"], r["sample"]): r["correct"] for r in rl_rows},
                              {(r["task_id"], r["sample"]): r["correct"] for r in sft_rows}, 1000, 0)
-    row["rl_vs_sft"] = [pair["accuracy_diff"], pair["ci_low"], pair["ci_high"]]
+    row["rl_vs_sft"] = [diff["accuracy_diff"], diff["ci_low"], diff["ci_high"]]
     row["rl_finish"] = {f: sum(r["finish"] == f for r in rl_rows) for f in {r["finish"] for r in rl_rows}}
     for name, rows in (("sft", sft_rows), ("rl", rl_rows)):  # per task, so that arms pair with each other
         row[f"{name}_correct"] = {f"{r['task_id']}/{r['sample']}": int(r["correct"]) for r in rows}
