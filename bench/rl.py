@@ -260,12 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     rl_rows = evaluate_rows(engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
     row["eval_s"] = round(time.perf_counter() - start, 1)
     row["sft"], row["rl"] = summary(sft_rows), summary(rl_rows)
-    diff = paired_difference({(r["task_id"], r["sample"]): r["correct"] for r in rl_rows},
-                             {(r["task_id"], r["sample"]): r["correct"] for r in sft_rows}, 1000, 0)
-    row["rl_vs_sft"] = [diff["accuracy_diff"], diff["ci_low"], diff["ci_high"]]
-    row["rl_finish"] = {f: sum(r["finish"] == f for r in rl_rows) for f in {r["finish"] for r in rl_rows}}
     for name, rows in (("sft", sft_rows), ("rl", rl_rows)):  # per task, so that arms pair with each other
         row[f"{name}_correct"] = {f"{r['task_id']}/{r['sample']}": int(r["correct"]) for r in rows}
+    diff = paired_difference(_outcomes(row["rl_correct"]), _outcomes(row["sft_correct"]), 1000, 0)
+    row["rl_vs_sft"] = [diff["accuracy_diff"], diff["ci_low"], diff["ci_high"]]
+    row["rl_finish"] = {f: sum(r["finish"] == f for r in rl_rows) for f in {r["finish"] for r in rl_rows}}
     print(json.dumps(row), flush=True)
     if args.out:
         with open(args.out, "a") as f:

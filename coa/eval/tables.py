@@ -51,7 +51,6 @@ def _machine(m: dict[str, Any], train: str | None = None) -> str:
     return f"`cpu_capability` {m['cpu_capability']}, {native}, {amx}, {_dtypes(m['dtype'], train)}"
 
 
-
 def scores(root: Path) -> list[str]:
     m = _load(root, "eval.json")
     lines = ["| policy | overall | web | math | code | format_ok | billed tokens vs teacher |",
