@@ -106,6 +106,10 @@ class GuideConfig:
                             "whole context again); 0 = none.")
     takeover: bool = _help("The team goes on from a corrected state to its answer (its later turns trained too, "
                            "observations masked); false = only its next turn.")
+    rows_per_step: int = _help(
+        "Packed rows of the guided examples per optimizer step, after DAPO's mini-batches (as sft.rows_per_step: the "
+        "team's turns trained as SFT trains, many small steps); 0 = all of them in DAPO's last mini-batch, one step.",
+        default=0)
     scores: Literal["record", "replay"] = _help(
         "logprobs: record = the teacher scores each rollout once and its scores are kept, content-addressed, in the "
         "rl stage's data/teacher/rl (a rerun or a resumed run asks only for what is missing); replay = the scores "
@@ -116,6 +120,7 @@ class GuideConfig:
         _require(self.coef >= 0 and self.final_coef >= 0, "coef", "must be >= 0 (coef and final_coef)")
         _require(self.dapo_coef >= 0, "dapo_coef", "must be >= 0 (0 = the guided loss alone)")
         _require(self.max_states >= 0, "max_states", "must be >= 0 (0 = no correction after the fact)")
+        _require(self.rows_per_step >= 0, "rows_per_step", "must be >= 0 (0 = one step with DAPO's last mini-batch)")
         for name in ("interject_failed", "interject_other"):
             _require(0 <= getattr(self, name) <= 1, name, "must be a probability in [0, 1]")
         _require(self.source == "none" or self.coef > 0 or self.final_coef > 0, "coef",

@@ -15,7 +15,7 @@ from coa.tasks.math import generate_math
 from coa.teacher.states import StateFacts, visited_states
 from coa.train.dapo import train_dapo
 from coa.train.dapo.guided import Guided, own_correct, teacher_guided
-from coa.train.data import Example
+from coa.train.data import Example, pack
 from tests.rollout.conftest import Recorder
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2
 from tests.teacher.test_guide import CODE_TOOLS, guide_for
@@ -174,3 +174,42 @@ def test_the_teams_turns_in_the_rollouts_teach_and_leave_dapo_alone(tok):
     assert before == 0 and answered() == len(TASKS)
     assert h[0]["interjected"] > 0.5 and h[0]["guide_tokens_trained"] > 0 and h[0]["policy_tokens_trained"] == 0
     assert h[-1]["interjected"] < h[0]["interjected"]  # fewer states to take: the student answers by itself
+
+
+def test_guided_rows_take_optimizer_steps_of_their_own(tok):
+    """guide.rows_per_step > 0: the team's examples train as SFT does, one optimizer step per that many packed rows
+    after DAPO's mini-batch, the same targets trained; 0 (as shipped): they join DAPO's last mini-batch, one step."""
+    from coa.rollout.types import Request, Sampling
+    from coa.train.dapo import _update
+
+    model = scripted_qwen2(tok, WEB_SCRIPT)
+    requests = [Request(f"q{i}", render_prompt(tok, t["question"], "web"), "web") for i, t in enumerate(TASKS)]
+    rollouts = HFEngine(model, tok, max_batch=8).rollout(requests, Sampling(temperature=1.0, seed=3), LIMITS, Recorder())
+    batch = [(r, a) for r, a in zip(rollouts, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0], strict=True)]
+    answer = encode(tok, "<think> Kellon</think><answer> Tesk</answer>") + [tok.eos_token_id]
+    guided = [Example(r.prompt_ids + r.response_ids + answer,
+                      [0] * (len(r.prompt_ids) + len(r.response_ids)) + [1] * len(answer), 1.0) for r in rollouts[:5]]
+    width = max(len(e.input_ids) for e in guided)
+    rows = len(pack(guided, width))
+    assert rows >= 3
+
+    class Counting(torch.optim.SGD):
+        steps = 0
+
+        def step(self, closure=None):
+            Counting.steps += 1
+            return super().step(closure)
+
+    seen = {}
+    for per in (0, 1, 2):
+        cfg = _cfg(mini_batches=1, row_tokens=width)
+        cfg = replace(cfg, guide=replace(cfg.guide, source="team", rows_per_step=per))
+        m = scripted_qwen2(tok, WEB_SCRIPT)
+        Counting.steps = 0
+        out = _update(m, None, Counting(m.parameters(), lr=1e-2), batch, cfg, tok.pad_token_id, torch.device("cpu"),
+                      None, 0, 0, guided=guided, guide_coef=1.0)
+        seen[per] = (Counting.steps, out["guide_tokens_trained"], out["policy_tokens_trained"])
+    assert seen[0][0] == 1 and seen[1][0] == 1 + rows and seen[2][0] == 1 + (rows + 1) // 2
+    assert seen[0][1:] == seen[1][1:] == seen[2][1:] and seen[0][1] == 5 * len(answer)
+    with pytest.raises(ValueError, match="rows_per_step"):
+        replace(cfg.guide, rows_per_step=-1)

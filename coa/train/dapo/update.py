@@ -151,7 +151,8 @@ def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollou
 
     ``guided``: this rank's examples of the guided loss (coa.train.dapo.guided), packed into rows of their own in
     the last mini-batch: their cross-entropy (temperature 1, token mean over every rank's guided targets) joins
-    that step at ``guide_coef``, DAPO's loss at ``cfg.guide.dapo_coef``.
+    that step at ``guide_coef``, DAPO's loss at ``cfg.guide.dapo_coef``; with ``cfg.guide.rows_per_step`` > 0 they
+    take optimizer steps of their own after DAPO's, that many rows each.
 
     ``scores``: per kept rollout, an LLM teacher's log-probs of its policy tokens ([n_i]; None for another rank's):
     each policy token's advantage is then ``cfg.guide.dapo_coef`` x the outcome's + ``guide_coef`` x the reverse-KL
@@ -186,7 +187,11 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     order = torch.randperm(n_pg, generator=torch.Generator().manual_seed(seed + step)).tolist()
     minis: list[list[list[int] | None]] = list(_micro_batches(examples, order, cfg.mini_batches, cfg.row_tokens))
     guided_rows = [[n_pg + i for i in row] for row in pack(guided, cfg.row_tokens)]
-    if ranks.max([len(guided_rows)])[0]:  # every rank agrees on the mini-batches (ZeRO's collectives)
+    per = cfg.guide.rows_per_step
+    if per > 0:  # steps of their own after DAPO's, as SFT's (every rank as many: ZeRO's collectives)
+        n_steps = ranks.max([math.ceil(len(guided_rows) / per)])[0]
+        minis += [guided_rows[at * per:(at + 1) * per] for at in range(n_steps)]
+    elif ranks.max([len(guided_rows)])[0]:  # every rank agrees on the mini-batches (ZeRO's collectives)
         if minis:
             minis[-1] = minis[-1] + guided_rows
         else:
