@@ -50,6 +50,11 @@ def cpu_bf16_features() -> dict[str, bool]:
             "avx512_bf16": _torch_probe("_is_avx512_bf16_supported") or "avx512_bf16" in flags}
 
 
+def _onednn_held() -> str:
+    """The ISA oneDNN is held to (ONEDNN_MAX_CPU_ISA, or its old name DNNL_MAX_CPU_ISA), upper case; "" if none."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+
+
 def native_bf16(device: str | torch.device = "cpu") -> bool:
     """Whether ``device`` computes bf16 matmuls natively (CUDA with bf16; CPU with AVX512_BF16 or AMX)."""
     dev = torch.device(device)
@@ -57,8 +62,7 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if dev.type != "cpu":
         return False
-    held = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
-    if cpu_capability() != "AVX512" or held in _ONEDNN_BELOW_BF16:  # kernels held below AVX-512 (or none)
+    if cpu_capability() != "AVX512" or _onednn_held() in _ONEDNN_BELOW_BF16:  # kernels held below AVX-512 (or none)
         return False
     return any(cpu_bf16_features().values())
 
@@ -69,8 +73,8 @@ def native_bf16_training(device: str | torch.device = "cpu") -> bool:
     dev = torch.device(device)
     if dev.type != "cpu":
         return native_bf16(dev)
-    held = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
-    return native_bf16(dev) and cpu_bf16_features()["amx"] and (held in {"ALL", "DEFAULT"} or "AMX" in held)
+    held = _onednn_held()
+    return native_bf16(dev) and cpu_bf16_features()["amx"] and (held in {"", "ALL", "DEFAULT"} or "AMX" in held)
 
 
 def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu", *, train: bool = False) -> torch.dtype:
