@@ -3,14 +3,15 @@
     python bench/learning.py                               # snapshots at 1, 2, 4 and 6 minutes of SFT and its end
     python bench/learning.py --minutes 1 3 --per-domain 30 --out /tmp/curve.json   # a quick look
     python bench/learning.py --validation --per-domain 20 --trajectories /tmp/t.parquet --mask-drafts 1 \
-        --rollouts /tmp/rollouts.parquet   # a probe: the last 20 rl-split tasks a domain, per-task rows kept
+        --rollouts /tmp/rollouts.parquet   # a probe: 20 rl-split tasks a domain (spread), per-task rows kept
 
 Trains ``models/base`` on ``data/trajectories.parquet`` with the shipped ``sft`` params (coa.train.sft.train_sft,
 the stage's own loop and schedule), snapshots the policy when its training time passes each mark, and
 evaluates every snapshot like the eval stage does (coa.eval.evaluate on the eval split: the agent loop with its
 tools, ``common.agent`` limits, ``eval.sampling``, k samples per task) on the first ``--per-domain`` eval
-tasks of each domain, or with ``--validation`` on the last ``--per-domain`` rl-split tasks of each domain (the
-slice a setting is chosen on: never the eval split, and past the first tasks solve_filter and rl draw). Each
+tasks of each domain, or with ``--validation`` on ``--per-domain`` rl-split tasks of each domain spread past
+the first 128 (coa.io.validation_per_domain: the slice a setting is chosen on, never the eval split nor the RL
+pools). Each
 snapshot also prints how the policy uses its tools (coa.eval.behaviour: recovery after a failed call, a
 reflection naming it, repeats); ``--rollouts`` keeps every rollout (task, correct, flags, text) for paired
 comparisons between probes. Prints one line per snapshot and domain (accuracy with its 95% CI, format_ok, tool
@@ -36,7 +37,7 @@ from coa.config import derive_seed, load_params
 from coa.device import cpu_capability
 from coa.eval.behaviour import behaviour, rates
 from coa.eval.evaluate import evaluate_by_domain, summarize
-from coa.io import first_per_domain
+from coa.io import first_per_domain, validation_per_domain
 from coa.model import load_pretrained, save_pretrained
 from coa.rollout.engines import engine_from
 from coa.runtime import agent_limits, tools_factory
@@ -45,9 +46,8 @@ from coa.train.sft import encode_trajectories, train_sft
 
 def eval_tasks(tasks_path: str, per_domain: int, validation: bool = False) -> list[dict]:
     tasks = pl.read_parquet(tasks_path)
-    if validation:  # the last per_domain rl-split tasks of each domain
-        rl = tasks.filter(pl.col("split") == "rl").sort("task_id", descending=True)
-        return rl.group_by("domain", maintain_order=True).head(per_domain).sort("task_id").to_dicts()
+    if validation:  # per_domain rl-split tasks of each domain, spread (the sizing studies' slice)
+        return validation_per_domain(tasks, per_domain).to_dicts()
     return first_per_domain(tasks.filter(pl.col("split") == "eval"), per_domain).to_dicts()
 
 
@@ -78,7 +78,8 @@ def main() -> None:
     ap.add_argument("--per-domain", type=int, default=60)
     ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--out", default="plots/learning.json")
-    ap.add_argument("--validation", action="store_true", help="the last --per-domain rl-split tasks, not eval's")
+    ap.add_argument("--validation", action="store_true",
+                    help="--per-domain rl-split tasks spread past the RL pools (coa.io.validation_per_domain), not eval's")
     ap.add_argument("--mask-drafts", type=int, choices=(0, 1), default=None, help="override sft.mask_drafts")
     ap.add_argument("--rollouts", default=None, help="parquet of every rollout of every snapshot")
     ap.add_argument("--lr", type=float, default=None, help="override sft.lr")

@@ -6,8 +6,8 @@
     python bench/rl.py --tag opd --set guide.source=team --set guide.dapo_coef=0 --set trainable_layers=0
     python bench/rl.py --pair /tmp/rl.jsonl       # the arms of a study paired with SFT and with each other
 
-The validation slice is the last ``--val`` rl-split tasks of each domain (by task_id), never the eval split
-and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
+The validation slice is ``--val`` rl-split tasks of each domain spread over those after the first 128 by
+task_id (coa.io.validation_per_domain), never the eval split and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
 those the difficulty stage kept). ``--filter-k K`` runs the solve filter first (K rollouts per pool task at
 the solve filter's temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage does. RL is the rl stage's
 own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value`` (a nested
@@ -51,19 +51,21 @@ def _value(text: str):
 
 def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: int, val: int) -> tuple[list, list]:
     """(the RL pool: the first ``pool`` rl-split tasks of each domain in ``domains``, web only those the
-    difficulty stage kept; the validation slice: the last ``val`` rl-split tasks of every domain)."""
+    difficulty stage kept, as the solve_filter stage takes them; the validation slice: ``val`` rl-split tasks of
+    every domain spread over those after the pools' region, coa.io.validation_per_domain)."""
+    from coa.io import VALIDATION_RESERVE, validation_per_domain
+
     rl = tasks.filter(pl.col("split") == "rl").sort("task_id")
-    train, valid = [], []
-    for domain in ("web", "math", "code"):
-        part = rl.filter(pl.col("domain") == domain)
-        held = part.tail(val)
-        valid += held.to_dicts()
-        if domain in domains:
-            rest = part.filter(~pl.col("task_id").is_in(held["task_id"].implode()))
-            if domain == "web":
-                rest = rest.filter(pl.col("task_id").is_in(list(kept_web)))
-            train += rest.head(pool).to_dicts()
-    return train, valid
+    train = []
+    for domain in domains:
+        part = rl.filter(pl.col("domain") == domain).head(VALIDATION_RESERVE)
+        if domain == "web":
+            part = part.filter(pl.col("task_id").is_in(list(kept_web)))
+        if part.height < pool:
+            raise SystemExit(f"--pool {pool}: only {part.height} {domain} tasks in the first {VALIDATION_RESERVE} "
+                             "rl-split tasks (the validation slice starts after them); lower --pool")
+        train += part.head(pool).to_dicts()
+    return train, validation_per_domain(tasks, val).to_dicts()
 
 
 KEEP = ("task_id", "sample", "domain", "correct", "parse_ok", "finish", "recovered", "fixed", "repeated_failure",
@@ -135,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default="run")
     ap.add_argument("--domains", default="math,web,code", help="RL pool domains")
     ap.add_argument("--pool", type=int, default=16, help="RL pool: first N rl-split tasks per domain")
-    ap.add_argument("--val", type=int, default=20, help="validation: last N rl-split tasks per domain")
+    ap.add_argument("--val", type=int, default=20, help="validation: N rl-split tasks per domain (spread)")
     ap.add_argument("--filter-k", type=int, default=0, help="solve filter rollouts per pool task (0: none)")
     ap.add_argument("--keep-unsolved", action="store_true",
                     help="the solve filter drops only K/K (solve_filter.drop_unsolved: false), not 0/K too")
     ap.add_argument("--filter-temperature", type=float, default=None,
                     help="the solve filter's temperature (default: params.yaml's solve_filter.temperature)")
     ap.add_argument("--set", action="append", default=[], help="rl.KEY=VALUE override (repeatable)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="added to the rl stage's seed (rollouts, prompt order): another draw of the same arm")
     ap.add_argument("--eval-temperature", type=float, default=0.0)
     ap.add_argument("--eval-k", type=int, default=1)
     ap.add_argument("--save", default=None, help="save the RL policy here")
@@ -183,13 +187,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = dataclasses.replace(cfg, **{key: _value(value)})
     limits, tools = agent_limits(params.common.agent), tools_factory(params.common.tools, str(ROOT / "data/index"))
-    seed = derive_seed(params.common.seed, "rl")
+    base_seed = derive_seed(params.common.seed, "rl")  # the filter's and the validation's, whatever --seed
+    seed = base_seed + args.seed
     tasks = pl.read_parquet(ROOT / "data/tasks.parquet")
     diff = pl.read_parquet(ROOT / "data/difficulty.parquet")
     kept_web = set(diff.filter(pl.col("kept"))["task_id"])
     train, valid = slices(tasks, kept_web, args.domains.split(","), args.pool, args.val)
     row: dict = {"tag": args.tag, "cpu": cpu_capability(), "set": overrides, "pool": args.pool,
-                 "domains": args.domains, "filter_k": args.filter_k, "eval_temperature": args.eval_temperature,
+                 "domains": args.domains, "seed": args.seed, "filter_k": args.filter_k,
+                 "eval_temperature": args.eval_temperature,
                  "eval_k": args.eval_k}
 
     model, tok = load_pretrained(ROOT / args.policy)
@@ -205,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             solved = json.loads(cached.read_text())
         else:
             result = evaluate(engine, train, args.filter_k, Sampling(temperature=filter_t, top_p=cfg.top_p,
-                                                                      seed=seed + 1), limits, tools)
+                                                                      seed=base_seed + 1), limits, tools)
             solved = {}
             for r in result.rows:
                 solved[r["task_id"]] = solved.get(r["task_id"], 0) + int(r["correct"])
@@ -242,9 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         save_pretrained(result.model, tok, args.save, {})
 
     # validation: SFT (cached) and RL, paired
-    guide = Guide(make_teacher(clean_style(params.distill), params.common.tools, str(ROOT / "data/index")), seed)
+    guide = Guide(make_teacher(clean_style(params.distill), params.common.tools, str(ROOT / "data/index")), base_seed)
     key = hashlib.sha256(json.dumps([md5_path(ROOT / args.policy), args.val, args.eval_temperature, args.eval_k,
-                                     cpu_capability(), "v2"]).encode()).hexdigest()[:16]
+                                     cpu_capability(), "v3"]).encode()).hexdigest()[:16]
     cache = ROOT / ".cache/bench-rl" / f"sft-{key}.json"
     start = time.perf_counter()
     if cache.exists():
