@@ -110,9 +110,6 @@ class GuideConfig:
         "Packed rows of the guided examples per optimizer step, after DAPO's mini-batches (as sft.rows_per_step: the "
         "team's turns trained as SFT trains, many small steps); 0 = all of them in DAPO's last mini-batch, one step.",
         default=0)
-    lr_scale: float = _help(
-        "The learning rate of those steps of their own as a multiple of rl.lr (the team's turns are SFT targets: "
-        "sft.lr is 2x rl.lr); needs rows_per_step > 0.", default=1.0)
     scores: Literal["record", "replay"] = _help(
         "logprobs: record = the teacher scores each rollout once and its scores are kept, content-addressed, in the "
         "rl stage's data/teacher/rl (a rerun or a resumed run asks only for what is missing); replay = the scores "
@@ -124,9 +121,6 @@ class GuideConfig:
         _require(self.dapo_coef >= 0, "dapo_coef", "must be >= 0 (0 = the guided loss alone)")
         _require(self.max_states >= 0, "max_states", "must be >= 0 (0 = no correction after the fact)")
         _require(self.rows_per_step >= 0, "rows_per_step", "must be >= 0 (0 = one step with DAPO's last mini-batch)")
-        _require(self.lr_scale > 0, "lr_scale", "must be > 0 (1 = rl.lr)")
-        _require(self.lr_scale == 1.0 or self.rows_per_step > 0, "lr_scale",
-                 "scales the guided rows' own steps: set rows_per_step > 0 too, or lr_scale 1")
         for name in ("interject_failed", "interject_other"):
             _require(0 <= getattr(self, name) <= 1, name, "must be a probability in [0, 1]")
         _require(self.source == "none" or self.coef > 0 or self.final_coef > 0, "coef",

@@ -21,8 +21,8 @@ module); every rank still runs as many chunks per row as the rank that needs the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -132,24 +132,6 @@ class _Plain:
         return norm
 
 
-@contextmanager
-def _lr_scaled(trainer: Any, scale: float) -> Iterator[None]:
-    """The optimizer's learning rates times ``scale`` for one step (the guided rows' own steps), then restored;
-    the optimizer: ours (``_Plain``) or DeepSpeed's (``ZeroStep``: its engine's, whose param groups it steps by)."""
-    if scale == 1.0:
-        yield
-        return
-    groups = (trainer.optimizer if hasattr(trainer, "optimizer") else trainer.engine.optimizer).param_groups
-    lrs = [g["lr"] for g in groups]
-    for g in groups:
-        g["lr"] *= scale
-    try:
-        yield
-    finally:
-        for g, lr in zip(groups, lrs, strict=True):
-            g["lr"] = lr
-
-
 def _update(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[Rollout | None, float]], cfg: Any,
             pad_id: int, dev: torch.device, autocast_dtype: torch.dtype | None, seed: int, step: int,
             reuse_forward: bool | None = None, ranks: Ranks | None = None, guided: Sequence[Example] = (),
@@ -206,7 +188,6 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     minis: list[list[list[int] | None]] = list(_micro_batches(examples, order, cfg.mini_batches, cfg.row_tokens))
     guided_rows = [[n_pg + i for i in row] for row in pack(guided, cfg.row_tokens)]
     per = cfg.guide.rows_per_step
-    own_from = len(minis)  # the first of the guided rows' steps of their own (per > 0)
     if per > 0:  # steps of their own after DAPO's, as SFT's (every rank as many: ZeRO's collectives)
         n_steps = ranks.max([math.ceil(len(guided_rows) / per)])[0]
         minis += [guided_rows[at * per:(at + 1) * per] for at in range(n_steps)]
@@ -331,8 +312,7 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
             del hidden
             loss_sum += float(loss.detach() - (extra.detach() if torch.is_tensor(extra) else 0.0)) * n_mini
             clip_sum += clip_fraction(lp.detach(), o, a, mask, cfg.clip_low, cfg.clip_high) * lp.numel()
-        with _lr_scaled(trainer, cfg.guide.lr_scale if per > 0 and b >= own_from else 1.0):
-            grad_norms.append(trainer.step())
+        grad_norms.append(trainer.step())
         kit.release_freed_memory()
     loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok, guide_sum, guide_tok = ranks.sum(
         [loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok, guide_sum, guide_tok])
