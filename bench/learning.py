@@ -10,7 +10,7 @@ the stage's own loop and schedule), snapshots the policy when its training time 
 evaluates every snapshot like the eval stage does (coa.eval.evaluate on the eval split: the agent loop with its
 tools, ``common.agent`` limits, ``eval.sampling``, k samples per task) on the first ``--per-domain`` eval
 tasks of each domain, or with ``--validation`` on ``--per-domain`` rl-split tasks of each domain spread past
-the first 128 (coa.io.validation_per_domain: the slice a setting is chosen on, never the eval split nor the RL
+the first 128 (bench/rl.py's validation_per_domain: the slice a setting is chosen on, never the eval split nor the RL
 pools). Each
 snapshot also prints how the policy uses its tools (coa.eval.behaviour: recovery after a failed call, a
 reflection naming it, repeats); ``--rollouts`` keeps every rollout (task, correct, flags, text) for paired
@@ -32,12 +32,13 @@ from pathlib import Path
 
 import polars as pl
 import torch
+from rl import validation_per_domain  # bench/rl.py: the studies' one validation slice
 
 from coa.config import derive_seed, load_params
 from coa.device import cpu_capability
 from coa.eval.behaviour import behaviour, rates
 from coa.eval.evaluate import evaluate_by_domain, summarize
-from coa.io import first_per_domain, validation_per_domain
+from coa.io import first_per_domain
 from coa.model import load_pretrained, save_pretrained
 from coa.rollout.engines import engine_from
 from coa.runtime import agent_limits, tools_factory
@@ -79,7 +80,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--out", default="plots/learning.json")
     ap.add_argument("--validation", action="store_true",
-                    help="--per-domain rl-split tasks spread past the RL pools (coa.io.validation_per_domain), not eval's")
+                    help="--per-domain rl-split tasks spread past the RL pools (bench/rl.py), not eval's")
     ap.add_argument("--mask-drafts", type=int, choices=(0, 1), default=None, help="override sft.mask_drafts")
     ap.add_argument("--rollouts", default=None, help="parquet of every rollout of every snapshot")
     ap.add_argument("--lr", type=float, default=None, help="override sft.lr")

@@ -7,7 +7,7 @@
     python bench/rl.py --pair /tmp/rl.jsonl       # the arms of a study paired with SFT and with each other
 
 The validation slice is ``--val`` rl-split tasks of each domain spread over those after the first 128 by
-task_id (coa.io.validation_per_domain), never the eval split and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
+task_id (validation_per_domain), never the eval split and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
 those the difficulty stage kept). ``--filter-k K`` runs the solve filter first (K rollouts per pool task at
 the solve filter's temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage does. RL is the rl stage's
 own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value`` (a nested
@@ -49,23 +49,40 @@ def _value(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: int, val: int) -> tuple[list, list]:
+VALIDATION_RESERVE = 128  # the first rl-split tasks of a domain by task_id: where the RL pools are drawn
+
+
+def validation_per_domain(tasks: pl.DataFrame, n: int, reserve: int = VALIDATION_RESERVE) -> pl.DataFrame:
+    """The validation slice of the sizing studies (this one and bench/learning.py's): ``n`` rl-split tasks of each
+    domain, evenly spaced by task_id over those after the first ``reserve`` (where the RL pools are drawn: the
+    solve_filter stage's first 16, ``--pool``), so never trained on, and never the eval split. Spread, not the last
+    ``n``: the world generators run out of a kind's variants as the ids grow, so the last 50 code tasks held 11 of
+    the 25 kinds where the eval split's first 60 hold all 25."""
+    out = []
+    for domain in sorted(set(tasks["domain"])):
+        part = tasks.filter((pl.col("split") == "rl") & (pl.col("domain") == domain)).sort("task_id")[reserve:]
+        if n and part.height > n:
+            part = part[[(2 * i + 1) * part.height // (2 * n) for i in range(n)]]
+        out.append(part)
+    return pl.concat(out) if out else tasks.head(0)
+
+
+def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: int, val: int,
+           reserve: int = VALIDATION_RESERVE) -> tuple[list, list]:
     """(the RL pool: the first ``pool`` rl-split tasks of each domain in ``domains``, web only those the
     difficulty stage kept, as the solve_filter stage takes them; the validation slice: ``val`` rl-split tasks of
-    every domain spread over those after the pools' region, coa.io.validation_per_domain)."""
-    from coa.io import VALIDATION_RESERVE, validation_per_domain
-
+    every domain spread over those after the pools' region, validation_per_domain)."""
     rl = tasks.filter(pl.col("split") == "rl").sort("task_id")
     train = []
     for domain in domains:
-        part = rl.filter(pl.col("domain") == domain).head(VALIDATION_RESERVE)
+        part = rl.filter(pl.col("domain") == domain).head(reserve)
         if domain == "web":
             part = part.filter(pl.col("task_id").is_in(list(kept_web)))
         if part.height < pool:
-            raise SystemExit(f"--pool {pool}: only {part.height} {domain} tasks in the first {VALIDATION_RESERVE} "
+            raise SystemExit(f"--pool {pool}: only {part.height} {domain} tasks in the first {reserve} "
                              "rl-split tasks (the validation slice starts after them); lower --pool")
         train += part.head(pool).to_dicts()
-    return train, validation_per_domain(tasks, val).to_dicts()
+    return train, validation_per_domain(tasks, val, reserve).to_dicts()
 
 
 KEEP = ("task_id", "sample", "domain", "correct", "parse_ok", "finish", "recovered", "fixed", "repeated_failure",

@@ -160,23 +160,6 @@ def first_per_domain(tasks: pl.DataFrame, n: int | Mapping[str, int]) -> pl.Data
     return tasks[rows].select("domain", pl.exclude("domain"))
 
 
-VALIDATION_RESERVE = 128  # the first rl-split tasks of a domain by task_id: the RL pools (solve_filter, benches)
-
-
-def validation_per_domain(tasks: pl.DataFrame, n: int, reserve: int = VALIDATION_RESERVE) -> pl.DataFrame:
-    """The validation slice of the sizing studies: ``n`` rl-split tasks of each domain, evenly spaced by task_id
-    over those after the first ``reserve`` (where the RL pools are drawn, so never trained on) and never the eval
-    split. Spread, not the last ``n``: the world generators exhaust a kind's variants as the ids grow, so the
-    last 50 code tasks held 11 of the 25 kinds where the eval split's first 60 hold all 25."""
-    out = []
-    for domain in sorted(set(tasks["domain"])):
-        part = tasks.filter((pl.col("split") == "rl") & (pl.col("domain") == domain)).sort("task_id")[reserve:]
-        if n and part.height > n:
-            part = part[[(2 * i + 1) * part.height // (2 * n) for i in range(n)]]
-        out.append(part)
-    return pl.concat(out) if out else tasks.head(0)
-
-
 def write_rejects(path: str | Path, stage: str, rejects: Iterable[tuple[dict[str, Any], str]]) -> int:
     """Write `(row, reason)` pairs as the stage's rejects file (always written, maybe empty)."""
     rows = [{"stage": stage, "row": json.dumps(row, sort_keys=True, default=str), "reason": reason}

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,3 +35,26 @@ def test_pair_prints_each_arm_against_sft_and_each_other(tmp_path):
     assert out["b", "sft", "all"]["accuracy_diff"] == -0.2
     assert out["a", "b", "all"]["accuracy_diff"] == 0.6
     assert out["a", "b", "all"]["ci_low"] <= 0.6 <= out["a", "b", "all"]["ci_high"]
+
+
+def test_the_validation_slice_spreads_over_the_rl_split_past_the_pools():
+    import importlib.util
+
+    import polars as pl
+
+    spec = importlib.util.spec_from_file_location("bench_rl", ROOT / "bench" / "rl.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ids = [f"code-{i:03d}" for i in range(20)] + [f"math-{i:03d}" for i in range(6)]
+    tasks = pl.DataFrame({"task_id": ids + ["code-900"], "domain": ["code"] * 20 + ["math"] * 6 + ["code"],
+                          "split": ["rl"] * 26 + ["eval"]})
+    out = bench.validation_per_domain(tasks, 4, reserve=4)["task_id"].to_list()
+    # code: 16 past the reserve, 4 evenly spaced (not the last 4); math: 2 past it, all; never the eval split
+    assert out == ["code-006", "code-010", "code-014", "code-018", "math-004", "math-005"]
+    assert bench.validation_per_domain(tasks, 0, reserve=4).height == 18  # 0: every rl task past the reserve
+    # the pool (the first tasks of each domain) and the slice never meet
+    train, valid = bench.slices(tasks, set(), ["code"], 3, 4, reserve=4)
+    assert [t["task_id"] for t in train] == ["code-000", "code-001", "code-002"]
+    assert [t["task_id"] for t in valid] == out
+    with pytest.raises(SystemExit, match="--pool 5"):  # a pool past the reserve would meet the slice
+        bench.slices(tasks, set(), ["code"], 5, 4, reserve=4)

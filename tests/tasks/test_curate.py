@@ -100,16 +100,3 @@ def test_first_per_domain_takes_the_first_by_task_id_of_each_domain():
     assert first_per_domain(tasks, 0)["task_id"].to_list() == sorted(tasks["task_id"])
     assert first_per_domain(tasks.head(0), 3).height == 0  # an empty split is no error
 
-
-def test_the_validation_slice_spreads_over_the_rl_split_past_the_pools():
-    import polars as pl
-
-    from coa.io import validation_per_domain
-
-    ids = [f"code-{i:03d}" for i in range(20)] + [f"math-{i:03d}" for i in range(6)]
-    tasks = pl.DataFrame({"task_id": ids + ["code-900"], "domain": ["code"] * 20 + ["math"] * 6 + ["code"],
-                          "split": ["rl"] * 26 + ["eval"]})
-    out = validation_per_domain(tasks, 4, reserve=4)["task_id"].to_list()
-    # code: 16 past the reserve, 4 evenly spaced (not the last 4); math: 2 past it, all; never the eval split
-    assert out == ["code-006", "code-010", "code-014", "code-018", "math-004", "math-005"]
-    assert validation_per_domain(tasks, 0, reserve=4).height == 18  # 0 = every rl task past the reserve
