@@ -1,5 +1,6 @@
-"""bench/rl.py --pair: a study's arms paired with SFT (overall and per domain) and with each other, on the tasks both
-rows hold, the way the eval stage pairs its policies (coa.eval.metrics.paired_difference)."""
+"""bench/rl.py: --pair (a study's arms paired with SFT, overall and per domain, and with each other, on the tasks both
+rows hold, the way the eval stage pairs its policies: coa.eval.metrics.paired_difference) and the studies'
+validation slice (spread over the rl split, apart from the pool)."""
 
 from __future__ import annotations
 
