@@ -7,8 +7,9 @@
     python bench/rl.py --pair /tmp/rl.jsonl       # the arms of a study paired with SFT and with each other
 
 The validation slice is ``--val`` rl-split tasks of each domain spread over those after the first 128 by
-task_id (validation_per_domain), never the eval split and never trained on; the RL pool is the first ``--pool`` rl-split tasks of each ``--domains`` domain (web:
-those the difficulty stage kept). ``--filter-k K`` runs the solve filter first (K rollouts per pool task at
+task_id (validation_per_domain), never the eval split and never trained on; the RL pool is the first ``--pool``
+rl-split tasks of each ``--domains`` domain (web: those the difficulty stage kept); ``--seed N`` draws the arm's
+prompts and rollouts again (the solve filter and the validation kept). ``--filter-k K`` runs the solve filter first (K rollouts per pool task at
 the solve filter's temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage does. RL is the rl stage's
 own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value`` (a nested
 key as ``guide.source=team``) and its guided loss (coa.train.dapo.guided.guided_from: the teacher team on the

@@ -99,4 +99,3 @@ def test_first_per_domain_takes_the_first_by_task_id_of_each_domain():
     assert first_per_domain(tasks, 2)["task_id"].to_list() == ["code-9", "math-1", "math-2", "web-1", "web-2"]
     assert first_per_domain(tasks, 0)["task_id"].to_list() == sorted(tasks["task_id"])
     assert first_per_domain(tasks.head(0), 3).height == 0  # an empty split is no error
-
