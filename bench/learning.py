@@ -10,10 +10,9 @@ the stage's own loop and schedule), snapshots the policy when its training time 
 evaluates every snapshot like the eval stage does (coa.eval.evaluate on the eval split: the agent loop with its
 tools, ``common.agent`` limits, ``eval.sampling``, k samples per task) on the first ``--per-domain`` eval
 tasks of each domain, or with ``--validation`` on ``--per-domain`` rl-split tasks of each domain spread past
-the first 128 (bench/rl.py's validation_per_domain: the slice a setting is chosen on, never the eval split nor the RL
-pools). Each
-snapshot also prints how the policy uses its tools (coa.eval.behaviour: recovery after a failed call, a
-reflection naming it, repeats); ``--rollouts`` keeps every rollout (task, correct, flags, text) for paired
+the first 128 (bench/rl.py's validation_per_domain: the slice a setting is chosen on, never the eval split nor
+the RL pools). Each snapshot also prints how the policy uses its tools (coa.eval.behaviour: recovery after a
+failed call, a reflection naming it, repeats); ``--rollouts`` keeps every rollout (task, correct, flags, text) for paired
 comparisons between probes. Prints one line per snapshot and domain (accuracy with its 95% CI, format_ok, tool
 calls) and writes rows ``{minutes, domain, model (the series), accuracy, ci_low, ci_high, format_ok, tool_calls, step, loss}``
 to ``--out`` (plots/learning.json, shown by ``dvc plots show``). Needs the pipeline's outputs up to distill

@@ -9,8 +9,9 @@
 The validation slice is ``--val`` rl-split tasks of each domain spread over those after the first 128 by
 task_id (validation_per_domain), never the eval split and never trained on; the RL pool is the first ``--pool``
 rl-split tasks of each ``--domains`` domain (web: those the difficulty stage kept); ``--seed N`` draws the arm's
-prompts and rollouts again (the solve filter and the validation kept). ``--filter-k K`` runs the solve filter first (K rollouts per pool task at
-the solve filter's temperature; tasks solved 0/K and K/K dropped), as the solve_filter stage does. RL is the rl stage's
+prompts and rollouts again (the solve filter and the validation kept). ``--filter-k K`` runs the solve filter
+first (K rollouts per pool task at the solve filter's temperature; tasks solved 0/K and K/K dropped), as the
+solve_filter stage does. RL is the rl stage's
 own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value`` (a nested
 key as ``guide.source=team``) and its guided loss (coa.train.dapo.guided.guided_from: the teacher team on the
 student's states, or its own correct rollouts), rollouts
@@ -75,7 +76,9 @@ def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: in
     every domain spread over those after the pools' region, validation_per_domain)."""
     rl = tasks.filter(pl.col("split") == "rl").sort("task_id")
     train = []
-    for domain in domains:
+    for domain in ("web", "math", "code"):  # a fixed order, whatever --domains says: the arms' prompt streams
+        if domain not in domains:
+            continue
         part = rl.filter(pl.col("domain") == domain).head(reserve)
         if domain == "web":
             part = part.filter(pl.col("task_id").is_in(list(kept_web)))
@@ -213,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     train, valid = slices(tasks, kept_web, args.domains.split(","), args.pool, args.val)
     row: dict = {"tag": args.tag, "cpu": cpu_capability(), "set": overrides, "pool": args.pool,
                  "domains": args.domains, "seed": args.seed, "filter_k": args.filter_k,
-                 "eval_temperature": args.eval_temperature,
-                 "eval_k": args.eval_k}
+                 "eval_temperature": args.eval_temperature, "eval_k": args.eval_k}
 
     model, tok = load_pretrained(ROOT / args.policy)
     engine = rl_engine(cfg, str(ROOT / args.policy), model, tok)  # the rl stage's engine
