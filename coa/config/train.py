@@ -102,14 +102,18 @@ class GuideConfig:
         "groups), annealed as coef is.")
     interject_other: float = _help("The same at any other state after an observation (sampled turns).")
     max_states: int = _help("Most states per rollout corrected after the fact, where the student did otherwise than "
-                            "the team would, the earliest first (each an example in the student's context: costs its "
-                            "whole context again); 0 = none.")
+                            "the team would, in the order `states` says (each an example in the student's context: "
+                            "costs its whole context again); 0 = none.")
     takeover: bool = _help("The team goes on from a corrected state to its answer (its later turns trained too, "
                            "observations masked); false = only its next turn.")
     rows_per_step: int = _help(
         "Packed rows of the guided examples per optimizer step, after DAPO's mini-batches (as sft.rows_per_step: the "
         "team's turns trained as SFT trains, many small steps); 0 = all of them in DAPO's last mini-batch, one step.",
         default=0)
+    states: Literal["first", "recovery_first"] = _help(
+        "Which of a rollout's states max_states corrects: first = the earliest where the student did otherwise; "
+        "recovery_first = those right after a failed or repeated call before the others (each kind earliest first): "
+        "the team's fix where the student would repeat itself.", default="first")
     scores: Literal["record", "replay"] = _help(
         "logprobs: record = the teacher scores each rollout once and its scores are kept, content-addressed, in the "
         "rl stage's data/teacher/rl (a rerun or a resumed run asks only for what is missing); replay = the scores "

@@ -120,7 +120,7 @@ def count_states(guide: Guide, tokenizer: Any, task: dict[str, Any], rollout: Ro
             continue
         facts.guided += 1
         facts.agree += agree
-        kind = _kind(prefix)
+        kind = state_kind(prefix)
         if kind == "after_failed":
             facts.after_failed += 1
             facts.after_failed_agree += agree
@@ -139,7 +139,10 @@ def agreement(guide: Guide, tokenizer: Any, task: dict[str, Any], rollout: Rollo
     return {"team_states": facts.guided, "team_agree": facts.agree}
 
 
-def _kind(prefix: str) -> str:
+RECOVERY = ("after_failed", "after_repeat")  # the states where the student must fix what it did
+
+
+def state_kind(prefix: str) -> str:
     """Where a state stands: "start", "after_failed" (its last call failed), "after_repeat" (its last call
     repeats an earlier one) or "other"; a prefix that does not parse is "other"."""
     if not prefix.strip():
@@ -182,7 +185,7 @@ class Interjecting:
         if self._own:
             self._own = False
             return None
-        p = self.p_failed if _kind(text) in ("after_failed", "after_repeat") else self.p_other
+        p = self.p_failed if state_kind(text) in RECOVERY else self.p_other
         if draw >= p:
             return None
         turn = self.guide.next_turn(self.guide.route(self.task), text)

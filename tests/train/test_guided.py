@@ -85,6 +85,24 @@ def test_the_team_corrects_the_first_states_where_the_student_did_otherwise(tok,
     assert "is not defined" in decode(tok, examples[1].input_ids)
 
 
+def test_recovery_first_corrects_the_state_after_a_failed_call_before_the_start(tok, failing):
+    task, rollout = failing
+    guide = guide_for(CODE_TOOLS)
+    cuts = [s.cut for s in visited_states(rollout)]
+    first = replace(_cfg().guide, source="team", max_states=1, takeover=False)
+    recovery = replace(first, states="recovery_first")
+    (at_start,), _ = teacher_guided(guide, tok, first, 4096)(task, rollout, False)
+    (after_failed,), facts = teacher_guided(guide, tok, recovery, 4096)(task, rollout, False)
+    assert len(at_start.input_ids) > len(rollout.prompt_ids) + cuts[0]
+    context = rollout.prompt_ids + rollout.response_ids[:cuts[1]]  # the first state after the failed program
+    assert after_failed.input_ids[:len(context)] == context and not any(after_failed.loss_mask[:len(context)])
+    assert "is not defined" in decode(tok, after_failed.input_ids[len(context):])  # the team's diagnosis, its fix
+    assert facts.examples == 1 and facts.after_failed == 2
+    both = teacher_guided(guide, tok, replace(recovery, max_states=3), 4096)(task, rollout, False)[0]
+    starts = [next(i for i, m in enumerate(e.loss_mask) if m) for e in both]
+    assert starts == [len(rollout.prompt_ids) + c for c in (cuts[1], cuts[2], cuts[0])]  # recovery states, then the rest
+
+
 def test_takeover_goes_on_to_the_answer_with_the_tools_output_masked(tok, failing):
     task, rollout = failing
     guide = guide_for(CODE_TOOLS)

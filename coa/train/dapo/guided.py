@@ -5,7 +5,8 @@
     ...train_dapo(..., guided=guided)                                 # CE on them beside the policy gradient
 
 The states where the student did otherwise than the team (coa.teacher.states.judged_states), the first
-``guide.max_states`` of each rollout, become training examples: the student's own tokens up to the state as
+``guide.max_states`` of each rollout (``guide.states: recovery_first``: those right after a failed or repeated call
+before the rest), become training examples: the student's own tokens up to the state as
 context (never targets, never re-tokenised), then the team's turn as the target; with ``guide.takeover`` the team
 goes on from there to its answer, its tools' observations masked as in SFT and rollouts (coa.rollout.loop's
 join). A state that does not parse, or a task whose team route is wrong, gets no example: StateFacts counts them.
@@ -25,7 +26,7 @@ from coa.rollout.types import Rollout
 from coa.teacher.guide import Guide, Turn, clean_style
 from coa.teacher.run import make_teacher
 from coa.teacher.scores import Scorer, open_scorer
-from coa.teacher.states import State, StateFacts, count_states
+from coa.teacher.states import RECOVERY, State, StateFacts, count_states, state_kind
 from coa.train.data import Example
 
 
@@ -40,18 +41,24 @@ def teacher_guided(guide: Guide, tokenizer: Any, cfg: Any, max_tokens: int
         dropped = 0
         route = guide.route(task)
 
+        wrong: list[tuple[State, str, Turn]] = []
+
         def correct_state(state: State, prefix: str, turn: Turn, agree: bool) -> None:
-            nonlocal dropped
-            if agree or len(examples) >= cfg.max_states:
-                return
+            if not agree:
+                wrong.append((state, prefix, turn))
+
+        facts = count_states(guide, tokenizer, task, rollout, correct, correct_state)
+        if cfg.states == "recovery_first":  # stable: the earliest of each kind first
+            wrong.sort(key=lambda w: state_kind(w[1]) not in RECOVERY)
+        for state, _, turn in wrong:
+            if len(examples) >= cfg.max_states:
+                break
             legs = guide.continuation(route, turn) if cfg.takeover else [(turn.text, None)]
             example = _example(tokenizer, rollout.prompt_ids + rollout.response_ids[:state.cut], legs, eos, max_tokens)
             if example is None:
                 dropped += 1
             else:
                 examples.append(example)
-
-        facts = count_states(guide, tokenizer, task, rollout, correct, correct_state)
         facts.examples, facts.cut = len(examples), dropped
         facts.target_tokens = sum(sum(e.loss_mask) for e in examples)
         return examples, facts
