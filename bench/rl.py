@@ -9,7 +9,9 @@
 The validation slice is ``--val`` rl-split tasks of each domain spread over those after the first 128 by
 task_id (validation_per_domain), never the eval split and never trained on; the RL pool is the first ``--pool``
 rl-split tasks of each ``--domains`` domain (web: those the difficulty stage kept); ``--seed N`` draws the arm's
-prompts and rollouts again (the solve filter and the validation kept). ``--filter-k K`` runs the solve filter
+prompts and rollouts again (the solve filter and the validation kept); ``--pool-from data/rl_tasks.parquet`` takes
+the solve_filter stage's kept tasks in the rl stage's order instead (at ``--seed 0`` with the stage's seed; no
+filter run). ``--filter-k K`` runs the solve filter
 first (K rollouts per pool task at the solve filter's temperature; tasks solved 0/K and K/K dropped), as the
 solve_filter stage does. RL is the rl stage's
 own loop (coa.train.dapo.train_dapo) with params.yaml's ``rl`` section overridden by ``--set key=value`` (a nested
@@ -89,6 +91,18 @@ def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: in
     return train, validation_per_domain(tasks, val, reserve).to_dicts()
 
 
+def stage_pool(tasks: pl.DataFrame, rl_tasks: pl.DataFrame, valid: list[dict], name: str) -> list[dict]:
+    """The rl stage's pool: the tasks the solve_filter stage kept (``rl_tasks``: its stats), by task_id; none of
+    them in the validation slice ``valid``."""
+    kept = rl_tasks.filter(pl.col("kept"))["task_id"]
+    train = tasks.filter(pl.col("task_id").is_in(kept)).sort("task_id").to_dicts()
+    if not train:
+        raise SystemExit(f"--pool-from {name}: the solve filter kept no task")
+    if {t["task_id"] for t in train} & {t["task_id"] for t in valid}:
+        raise SystemExit(f"--pool-from {name}: a kept task lies in the validation slice")
+    return train
+
+
 KEEP = ("task_id", "sample", "domain", "correct", "parse_ok", "finish", "recovered", "fixed", "repeated_failure",
         "repeated_calls", "failed_calls", "reflection_names_failure", "lucky", "team_states", "team_agree")
 
@@ -160,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=16, help="RL pool: first N rl-split tasks per domain")
     ap.add_argument("--val", type=int, default=20, help="validation: N rl-split tasks per domain (spread)")
     ap.add_argument("--filter-k", type=int, default=0, help="solve filter rollouts per pool task (0: none)")
+    ap.add_argument("--pool-from", default=None, metavar="RL_TASKS",
+                    help="the pool: the tasks the solve_filter stage kept (data/rl_tasks.parquet), by task_id as the rl "
+                         "stage takes them; instead of --pool, --domains and --filter-k")
     ap.add_argument("--keep-unsolved", action="store_true",
                     help="the solve filter drops only K/K (solve_filter.drop_unsolved: false), not 0/K too")
     ap.add_argument("--filter-temperature", type=float, default=None,
@@ -214,8 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     diff = pl.read_parquet(ROOT / "data/difficulty.parquet")
     kept_web = set(diff.filter(pl.col("kept"))["task_id"])
     train, valid = slices(tasks, kept_web, args.domains.split(","), args.pool, args.val)
+    if args.pool_from:  # the DAG's own pool: the rl stage's tasks in its order (seed 0: the stage's seed)
+        if args.filter_k:
+            raise SystemExit("--pool-from is the solve_filter stage's pool, already filtered: drop --filter-k")
+        train = stage_pool(tasks, pl.read_parquet(ROOT / args.pool_from), valid, args.pool_from)
     row: dict = {"tag": args.tag, "cpu": cpu_capability(), "set": overrides, "pool": args.pool,
-                 "domains": args.domains, "seed": args.seed, "filter_k": args.filter_k,
+                 "domains": args.domains, "seed": args.seed, "filter_k": args.filter_k, "pool_from": args.pool_from,
                  "eval_temperature": args.eval_temperature, "eval_k": args.eval_k}
 
     model, tok = load_pretrained(ROOT / args.policy)

@@ -59,3 +59,22 @@ def test_the_validation_slice_spreads_over_the_rl_split_past_the_pools():
     assert [t["task_id"] for t in valid] == out
     with pytest.raises(SystemExit, match="--pool 5"):  # a pool past the reserve would meet the slice
         bench.slices(tasks, set(), ["code"], 5, 4, reserve=4)
+
+
+def test_pool_from_takes_the_solve_filters_kept_tasks_in_the_stages_order():
+    import importlib.util
+
+    import polars as pl
+
+    spec = importlib.util.spec_from_file_location("bench_rl", ROOT / "bench" / "rl.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tasks = pl.DataFrame({"task_id": ["math-002", "code-001", "math-001", "code-009"], "domain": ["math", "code",
+                          "math", "code"], "split": ["rl"] * 4})
+    stats = pl.DataFrame({"task_id": ["math-002", "code-001", "math-001"], "kept": [True, True, False]})
+    pool = bench.stage_pool(tasks, stats, [{"task_id": "code-009"}], "rl_tasks.parquet")
+    assert [t["task_id"] for t in pool] == ["code-001", "math-002"]  # kept only, by task_id as stages/rl.py sorts
+    with pytest.raises(SystemExit, match="validation slice"):
+        bench.stage_pool(tasks, stats, [{"task_id": "math-002"}], "rl_tasks.parquet")
+    with pytest.raises(SystemExit, match="kept no task"):
+        bench.stage_pool(tasks, stats.with_columns(kept=False), [], "rl_tasks.parquet")
