@@ -71,13 +71,13 @@ def test_the_same_call_is_defined_once():
     assert call_key("web_search", "a") != call_key("crawl_page", "a")
     # its three readers agree with it
     from coa.eval.behaviour import behaviour
-    from coa.teacher.states import _kind
+    from coa.teacher.states import state_kind
 
     text = ("<plan>p</plan><code>\nprint(X)\n</code><observation>1</observation>"
             "<code>print(x)</code><observation>1</observation>")
     assert behaviour(text, "math", False, None)["repeated_calls"] == 0
     assert behaviour(text.replace("print(x)", "print(X) "), "math", False, None)["repeated_calls"] == 1
-    assert _kind(text) == "other" and _kind(text.replace("print(x)", "print(X) ")) == "after_repeat"
+    assert state_kind(text) == "other" and state_kind(text.replace("print(x)", "print(X) ")) == "after_repeat"
 
 
 def test_a_session_gives_the_goal_and_notes_repeats():

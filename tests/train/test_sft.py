@@ -257,7 +257,8 @@ def test_memory_settings_leave_training_and_its_checkpoints_unchanged(tok, examp
     c1 = dataclasses.replace(c, gradient_checkpointing=True, logprob_chunk=7)
     r1 = T.train_sft(saving, examples, c1, seed=2, pad_id=0, progress=False)
     assert r0.steps == r1.steps >= 2
-    assert [h["loss"] for h in r1.history] == pytest.approx([h["loss"] for h in r0.history], abs=1e-6)
+    # the first loss is the same sum; later ones follow weights an AdamW step apart by float32 rounding (~2e-7 rel)
+    assert [h["loss"] for h in r1.history] == pytest.approx([h["loss"] for h in r0.history], rel=1e-6)
     for (k, va), vb in zip(plain.state_dict().items(), saving.state_dict().values(), strict=True):
         assert torch.allclose(va, vb, atol=1e-5), k  # AdamW steps on float32 rounding (~2e-6): as accumulation
     assert not any(getattr(m, "gradient_checkpointing", False) for m in saving.modules())
