@@ -283,9 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 "trained_tokens": sum(x.get("policy_tokens_trained", 0) for x in h),
                 "guide_tokens": sum(x.get("guide_tokens_trained", 0) for x in h),
                 "guide_agreement": [x.get("guide_agreement") for x in h],
-                "guide_examples": [x.get("guide_examples") for x in h],
-                "unlikely_tokens": [x.get("unlikely_tokens", 0) for x in h],
-                "unlikely_loss": [x.get("unlikely_loss") for x in h]})
+                "guide_examples": [x.get("guide_examples") for x in h]})
     print(json.dumps(row), flush=True)
     if args.save:
         save_pretrained(result.model, tok, args.save, {})

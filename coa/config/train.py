@@ -114,10 +114,6 @@ class GuideConfig:
         "Which of a rollout's states max_states corrects: first = the earliest where the student did otherwise; "
         "recovery_first = those right after a failed or repeated call before the others (each kind earliest first): "
         "the team's fix where the student would repeat itself.", default="first")
-    unlikelihood: float = _help(
-        "Weight of an unlikelihood loss, -log(1 - p), on the program of the student's own call right after a failed "
-        "one where it repeats that call (its tokens in that state's context, beside the team's cross-entropy): "
-        "pushes the copy down where the team's fix pulls another up; 0 = off.", default=0.0)
     scores: Literal["record", "replay"] = _help(
         "logprobs: record = the teacher scores each rollout once and its scores are kept, content-addressed, in the "
         "rl stage's data/teacher/rl (a rerun or a resumed run asks only for what is missing); replay = the scores "
@@ -128,7 +124,6 @@ class GuideConfig:
         _require(self.coef >= 0 and self.final_coef >= 0, "coef", "must be >= 0 (coef and final_coef)")
         _require(self.dapo_coef >= 0, "dapo_coef", "must be >= 0 (0 = the guided loss alone)")
         _require(self.max_states >= 0, "max_states", "must be >= 0 (0 = no correction after the fact)")
-        _require(self.unlikelihood >= 0, "unlikelihood", "must be >= 0 (0 = off)")
         _require(self.rows_per_step >= 0, "rows_per_step", "must be >= 0 (0 = one step with DAPO's last mini-batch)")
         for name in ("interject_failed", "interject_other"):
             _require(0 <= getattr(self, name) <= 1, name, "must be a probability in [0, 1]")

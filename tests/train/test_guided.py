@@ -103,63 +103,6 @@ def test_recovery_first_corrects_the_state_after_a_failed_call_before_the_start(
     assert starts == [len(rollout.prompt_ids) + c for c in (cuts[1], cuts[2], cuts[0])]  # recovery states, then the rest
 
 
-def test_unlikelihood_marks_the_program_the_student_repeats_after_it_failed(tok, failing):
-    """guide.unlikelihood: the state right after the failed program, where the student ran it again, becomes an
-    example of its own turn in its context, the program's tokens UNLIKELY, the tags and the rest 0."""
-    from coa.train.dapo.guided import repeat_mask
-    from coa.train.dapo.update import UNLIKELY
-
-    task, rollout = failing
-    guide = guide_for(CODE_TOOLS)
-    states = visited_states(rollout)
-    cfg = replace(_cfg().guide, source="team", max_states=0, takeover=False, unlikelihood=1.0)
-    (example,), facts = teacher_guided(guide, tok, cfg, 4096)(task, rollout, False)
-    turn = rollout.response_ids[states[1].cut:states[1].next_end]
-    context = rollout.prompt_ids + rollout.response_ids[:states[1].cut]
-    assert example.input_ids == context + turn and set(example.loss_mask) == {0, UNLIKELY}
-    assert not any(example.loss_mask[:len(context)]) and facts.target_tokens == 0
-    pushed = decode(tok, [t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m])
-    assert "print(undefined_total)" in pushed and "<code>" not in pushed and "</code>" not in pushed
-    prefix = decode(tok, rollout.response_ids[:states[1].cut])
-    assert repeat_mask(tok, prefix, encode(tok, "<think>fix</think>\n<code>print(1)</code>")) is None  # a new program
-    assert repeat_mask(tok, decode(tok, rollout.response_ids[:0]), turn) is None  # the start: nothing failed yet
-    with pytest.raises(ValueError, match="unlikelihood"):
-        replace(cfg, unlikelihood=-1.0)
-
-
-def test_unlikelihood_pushes_the_repeated_tokens_down(tok):
-    """The update's unlikelihood term lowers the probability of the UNLIKELY tokens; at weight 0 they do not move."""
-    from coa.train.dapo import _update
-    from coa.train.dapo.update import UNLIKELY
-
-    model = scripted_qwen2(tok, WEB_SCRIPT)
-    requests = [Request(f"q{i}", render_prompt(tok, t["question"], "web"), "web") for i, t in enumerate(TASKS)]
-    rollouts = HFEngine(model, tok, max_batch=8).rollout(requests, Sampling(temperature=1.0, seed=3), LIMITS, Recorder())
-    batch = [(r, 0.0) for r in rollouts]  # no advantage: DAPO's loss moves nothing
-    r = rollouts[0]
-    ids = r.prompt_ids + r.response_ids
-    mask = [0] * len(r.prompt_ids) + [UNLIKELY if m else 0 for m in r.loss_mask]
-
-    def mean_logprob(m) -> float:
-        with torch.no_grad():
-            lp = torch.log_softmax(m(torch.tensor([ids])).logits[0, :-1].float(), -1)
-        at = [i for i in range(1, len(ids)) if mask[i]]
-        return float(lp[[i - 1 for i in at], [ids[i] for i in at]].mean())
-
-    before = mean_logprob(model)
-    after = {}
-    for weight in (0.0, 1.0):
-        cfg = _cfg(mini_batches=1)
-        cfg = replace(cfg, guide=replace(cfg.guide, source="team", rows_per_step=1, unlikelihood=weight))
-        m = scripted_qwen2(tok, WEB_SCRIPT)
-        out = _update(m, None, torch.optim.SGD(m.parameters(), lr=1e-1), batch, cfg, tok.pad_token_id,
-                      torch.device("cpu"), None, 0, 0, guided=[Example(ids, mask, 1.0)], guide_coef=1.0)
-        assert out["unlikely_tokens"] == sum(r.loss_mask) and out["unlikely_loss"] > 0
-        after[weight] = mean_logprob(m)
-    assert after[0.0] == pytest.approx(before, abs=1e-5)
-    assert after[1.0] < before - 0.01
-
-
 def test_takeover_goes_on_to_the_answer_with_the_tools_output_masked(tok, failing):
     task, rollout = failing
     guide = guide_for(CODE_TOOLS)

@@ -10,9 +10,6 @@ before the rest), become training examples: the student's own tokens up to the s
 context (never targets, never re-tokenised), then the team's turn as the target; with ``guide.takeover`` the team
 goes on from there to its answer, its tools' observations masked as in SFT and rollouts (coa.rollout.loop's
 join). A state that does not parse, or a task whose team route is wrong, gets no example: StateFacts counts them.
-With ``guide.unlikelihood`` each state right after a failed call where the student called the same again becomes
-one more example: its own repeated turn in its context, the program's tokens marked UNLIKELY (their probability
-pushed down: coa.train.dapo.update).
 
 The same examples with the student's own correct rollouts instead (``guide.source: own``) are rejection-sampling
 fine-tuning, the study's baseline for what a teacher adds (docs/sizing.md).
@@ -20,20 +17,16 @@ fine-tuning, the study's baseline for what a teacher adds (docs/sizing.md).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from coa.format import parse
-from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, decode, encode
+from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, encode
 from coa.rollout.types import Rollout
-from coa.teacher.guide import Guide, Turn, clean_style, made_calls
+from coa.teacher.guide import Guide, Turn, clean_style
 from coa.teacher.run import make_teacher
 from coa.teacher.scores import Scorer, open_scorer
 from coa.teacher.states import RECOVERY, State, StateFacts, count_states, state_kind
-from coa.tools.spec import call_key
-from coa.train.dapo.update import UNLIKELY
 from coa.train.data import Example
 
 
@@ -66,40 +59,11 @@ def teacher_guided(guide: Guide, tokenizer: Any, cfg: Any, max_tokens: int
                 dropped += 1
             else:
                 examples.append(example)
-        if cfg.unlikelihood > 0:  # the student's repeat of a failed call, its program's tokens pushed down
-            for state, prefix, _ in wrong:
-                turn_ids = rollout.response_ids[state.cut:state.next_end]
-                mask = repeat_mask(tokenizer, prefix, turn_ids)
-                if mask is not None:
-                    context = rollout.prompt_ids + rollout.response_ids[:state.cut]
-                    example = Example((context + turn_ids)[:max_tokens], ([0] * len(context) + mask)[:max_tokens], 1.0)
-                    if any(example.loss_mask):
-                        examples.append(example)
         facts.examples, facts.cut = len(examples), dropped
-        facts.target_tokens = sum(sum(m == 1 for m in e.loss_mask) for e in examples)
+        facts.target_tokens = sum(sum(e.loss_mask) for e in examples)
         return examples, facts
 
     return run
-
-
-def repeat_mask(tokenizer: Any, prefix: str, turn_ids: list[int]) -> list[int] | None:
-    """Where the student's next turn (``turn_ids``, from the state ``prefix`` ends) calls again exactly the call that
-    just failed: UNLIKELY on the tokens inside its body (whitespace-only tokens and the tags spared), 0 elsewhere;
-    None for any other turn (another call, an answer) or a state not right after a failed call."""
-    if state_kind(prefix) != "after_failed":
-        return None
-    tag, body, _ = made_calls(parse(prefix))[-1]
-    text = decode(tokenizer, turn_ids)
-    calls = list(re.finditer(rf"<{tag}>(.*?)</{tag}>", text, re.S))
-    if not calls or call_key(tag, calls[-1].group(1)) != call_key(tag, body):
-        return None
-    lo, hi = calls[-1].span(1)
-    mask, start = [], 0
-    for k in range(len(turn_ids)):
-        end = len(decode(tokenizer, turn_ids[:k + 1]))
-        mask.append(UNLIKELY if lo <= start and end <= hi and text[start:end].strip() else 0)
-        start = end
-    return mask if any(mask) else None
 
 
 def own_correct(max_tokens: int) -> Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]]:

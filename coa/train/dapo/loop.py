@@ -94,8 +94,6 @@ class DapoResult:
             metrics["guide_agreement_first"] = kit.json_number(guided[0]["guide_agreement"])
             metrics["guide_agreement_last"] = kit.json_number(guided[-1]["guide_agreement"])
             metrics["guide_tokens_trained"] = int(sum(x.get("guide_tokens_trained", 0) for x in h))
-            if any("unlikely_tokens" in x for x in h):  # guide.unlikelihood: the repeats' tokens pushed down
-                metrics["unlikely_tokens_trained"] = int(sum(x.get("unlikely_tokens", 0) for x in h))
             metrics["interjected_mean"] = round(sum(x.get("interjected", 0.0) for x in h) / len(h), 4)
         metrics.update(teacher_metrics(h))  # an LLM teacher's reverse KL on the student's rollouts (source logprobs)
         return metrics

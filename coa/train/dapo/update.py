@@ -35,7 +35,6 @@ from coa.train.dapo.ranks import Ranks
 from coa.train.data import Example, pack
 
 TEACHER = 2  # an Example.loss_mask value: a target the teacher wrote (cross-entropy), not the policy (policy gradient)
-UNLIKELY = 3  # one in a guided example: a token of the student's repeat of a failed call, pushed down (-log(1 - p))
 
 
 def _example(rollout: Rollout) -> Example:
@@ -218,8 +217,8 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     n_tok = 0
     engine_lp = {i: [lp for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m] for i, (r, _) in enumerate(batch)
                  if r is not None and not r.teacher_spans}
-    guide_sum = ul_sum = 0.0
-    guide_tok = ul_tok = 0
+    guide_sum = 0.0
+    guide_tok = 0
     on_policy = len(minis) == 1 and not use_ref
     if reuse_forward is not None:  # tests compare both paths
         on_policy = on_policy and reuse_forward
@@ -270,18 +269,13 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
              sum(kit.n_targets(examples, row) for row in mini if is_guided(row))
              + sum(int((k == TEACHER).sum()) for k in kinds.values())]))
         for m, row in enumerate(mini):
-            if is_guided(row):  # cross-entropy on the guided targets, at temperature 1 (as SFT); unlikelihood
+            if is_guided(row):  # cross-entropy on the guided targets, at temperature 1 (as SFT)
                 with kit.autocast(dev, autocast_dtype):
                     hidden, tgt, _ = _forward(model, examples, row, pad_id, dev)
                     lp = _logprobs(model, hidden, tgt, 1.0, chunk, need[b, m])[0]
-                unlikely = _kinds(examples, row, dev) == UNLIKELY
-                pushed = -torch.log1p(-lp[unlikely].exp().clamp(max=1 - 1e-6)).sum()
-                lp = lp[~unlikely]
-                trainer.backward((pushed * cfg.guide.unlikelihood - lp.sum()) * (guide_coef / max(n_guided, 1)))
+                trainer.backward(-lp.sum() * (guide_coef / max(n_guided, 1)))
                 guide_sum -= float(lp.detach().sum())
                 guide_tok += lp.numel()
-                ul_sum += float(pushed.detach())
-                ul_tok += int(unlikely.sum())
                 del hidden
                 continue
             if row is None:
@@ -320,8 +314,8 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
             clip_sum += clip_fraction(lp.detach(), o, a, mask, cfg.clip_low, cfg.clip_high) * lp.numel()
         grad_norms.append(trainer.step())
         kit.release_freed_memory()
-    loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok, guide_sum, guide_tok, ul_sum, ul_tok = ranks.sum(
-        [loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok, guide_sum, guide_tok, ul_sum, ul_tok])
+    loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok, guide_sum, guide_tok = ranks.sum(
+        [loss_sum, clip_sum, kl_sum, ent_sum, gap_sum, n_tok, guide_sum, guide_tok])
     n = max(n_tok, 1)
     out = {"loss": loss_sum / n, "entropy": ent_sum / n, "clip_fraction": clip_sum / n,
            "grad_norm": sum(grad_norms) / len(grad_norms), "policy_tokens_trained": int(n_tok),
@@ -331,8 +325,6 @@ def _update_body(model: Any, ref_model: Any, optimizer: Any, batch: list[tuple[R
     if guide_tok:
         out.update({"guide_loss": guide_sum / guide_tok, "guide_tokens_trained": int(guide_tok),
                     "guide_weight": guide_coef})
-    if ul_tok:  # the repeats' tokens pushed down: their loss, -log(1 - p), a token
-        out.update({"unlikely_loss": ul_sum / ul_tok, "unlikely_tokens": int(ul_tok)})
     return out
 
 
