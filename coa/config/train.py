@@ -118,6 +118,11 @@ class GuideConfig:
         "Weight of an unlikelihood loss, -log(1 - p), on the program of the student's own call right after a failed "
         "one where it repeats that call (its tokens in that state's context, beside the team's cross-entropy): "
         "pushes the copy down where the team's fix pulls another up; 0 = off.", default=0.0)
+    openings: float = _help(
+        "Share of the pool's tasks whose rollouts go on from the team's flawed first attempt (its slip: a program that "
+        "crashes or fails its worked example, the observation exposing it; coa.teacher.guide.opening), so the student "
+        "acts, and is rewarded and corrected, right after a failed call, where it repeats itself; 0 = off.",
+        default=0.0)
     scores: Literal["record", "replay"] = _help(
         "logprobs: record = the teacher scores each rollout once and its scores are kept, content-addressed, in the "
         "rl stage's data/teacher/rl (a rerun or a resumed run asks only for what is missing); replay = the scores "
@@ -128,6 +133,8 @@ class GuideConfig:
         _require(self.coef >= 0 and self.final_coef >= 0, "coef", "must be >= 0 (coef and final_coef)")
         _require(self.dapo_coef >= 0, "dapo_coef", "must be >= 0 (0 = the guided loss alone)")
         _require(self.max_states >= 0, "max_states", "must be >= 0 (0 = no correction after the fact)")
+        _require(0 <= self.openings <= 1, "openings", "must be a share in [0, 1]")
+        _require(self.source == "team" or not self.openings, "openings", "needs source: team (the team opens them)")
         _require(self.unlikelihood >= 0, "unlikelihood", "must be >= 0 (0 = off)")
         _require(self.rows_per_step >= 0, "rows_per_step", "must be >= 0 (0 = one step with DAPO's last mini-batch)")
         for name in ("interject_failed", "interject_other"):

@@ -38,6 +38,7 @@ from typing import Any
 
 from coa.config import derive_seed
 from coa.format import OPAQUE_TAGS, FormatError, Step, parse, render
+from coa.rollout.loop import OBS_CLOSE, OBS_OPEN
 from coa.teacher.offline.agents import diagnose
 from coa.teacher.orchestrator import critic_request
 from coa.teacher.roles import SYSTEM
@@ -57,6 +58,23 @@ def clean_style(distill: Any) -> Any:
     clean = dataclasses.replace(distill.offline, p_direct=0.0, p_slip=0.0, p_lenient=0.0, p_critic_catch=0.0,
                                 p_check_forum=0.0)
     return dataclasses.replace(distill, offline=clean)
+
+
+def slip_style(distill: Any) -> Any:
+    """:func:`clean_style` with the team's one deliberate mistake always on: a flawed first attempt (a program that
+    crashes or fails its worked example, a name cut short) that its observation exposes: the openings' team."""
+    clean = clean_style(distill)
+    return dataclasses.replace(clean, offline=dataclasses.replace(clean.offline, p_slip=1.0))
+
+
+def opening(slipper: Guide, task: dict[str, Any]) -> str | None:
+    """The first turn of ``slipper``'s route (a :func:`slip_style` team) and the observation that exposed it, as the
+    runtime joins them (the student goes on from there): the text of a state right after a failed call; None where
+    the route's first call did not fail (no slip for this task) or there is no route."""
+    legs = slipper.route(task).legs
+    if len(legs) < 2 or legs[0].call is None or not failed(legs[0].call[0], legs[0].observation or ""):
+        return None
+    return render(legs[0].steps) + OBS_OPEN + legs[0].observation + OBS_CLOSE
 
 
 @dataclass(frozen=True)

@@ -93,11 +93,13 @@ def judged_states(guide: Guide, tokenizer: Any, task: dict[str, Any], rollout: R
                   ) -> Iterator[tuple[State, str, Turn, bool]]:
     """Every state the rollout visited where the team has a turn: (state, the student's text up to it, the
     team's turn, whether the student's next turn agreed); ``facts`` of the guide's are counted on the way
-    (:func:`count_states`)."""
+    (:func:`count_states`). A task's ``opening`` (the team's flawed first turn the rollout went on from:
+    coa.teacher.guide.opening) heads every state's text."""
     route = guide.route(task)
     ids = list(rollout.response_ids)
+    head = task.get("opening") or ""
     for state in visited_states(rollout):
-        prefix = decode(tokenizer, ids[:state.cut])
+        prefix = head + decode(tokenizer, ids[:state.cut])
         turn = guide.next_turn(route, prefix)
         if turn.text is None:
             yield state, prefix, turn, False

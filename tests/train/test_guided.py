@@ -288,3 +288,41 @@ def test_guided_rows_take_optimizer_steps_of_their_own(tok):
     assert seen[0][1:] == seen[1][1:] == seen[2][1:] and seen[0][1] == 5 * len(answer)
     with pytest.raises(ValueError, match="rows_per_step"):
         replace(cfg.guide, rows_per_step=-1)
+
+
+def test_openings_start_rollouts_right_after_the_teams_failed_first_attempt(tok):
+    """guide.openings: the slipping team's first turn and the error it got head a share of the tasks' prompts; the
+    reward reads the opening with the student's text (a repeat of its program counts), the team's states see it."""
+    from dataclasses import replace as dc_replace
+
+    from coa.rewards import RewardSpec
+    from coa.teacher.guide import Guide, opening
+    from coa.teacher.offline.agents import offline_team
+    from coa.teacher.run import Teacher
+    from coa.teacher.states import count_states, state_kind
+    from coa.train.dapo.guided import open_tasks
+    from coa.train.dapo.loop import reward_score
+    from tests.teacher.test_guide import CLEAN
+    from tests.teacher.test_guide import LIMITS as TEAM_LIMITS
+
+    slips = dc_replace(CLEAN, p_slip=1.0)
+    slipper = Guide(Teacher(lambda domain, rng: offline_team(domain, rng, slips), CODE_TOOLS, 1536, TEAM_LIMITS), 3)
+    tasks = generate_math(seed=5, n_tasks=12, splits={"sft": 1.0})
+    text = opening(slipper, tasks[0])
+    assert text is not None and state_kind(text) == "after_failed" and text.endswith(OBS_CLOSE)
+    assert opening(guide_for(CODE_TOOLS), tasks[0]) is None  # the careful team's first program runs
+    opened = open_tasks(slipper, tasks, 0.5, seed=1)
+    assert [t["task_id"] for t in opened] == [t["task_id"] for t in tasks]
+    assert 0 < sum("opening" in t for t in opened) < len(tasks)
+    assert open_tasks(slipper, tasks, 0.5, seed=1) == opened and not any("opening" in t for t in
+                                                                        open_tasks(slipper, tasks, 0.0, seed=1))
+    task = {**tasks[0], "opening": text}
+    program = text[text.index("<code>"):text.index("</code>") + len("</code>")]
+    again = rollout_of(tok, "Q", [(f"<reflection>information conflict: good\ntool effectiveness: poor\ntrajectory "
+                                   f"monitoring: good</reflection>\n<think>again</think>\n{program}", 1)])
+    score = reward_score(RewardSpec(repeat_penalty=0.25))
+    assert score(task, again)[0] == pytest.approx(-0.25) and score(tasks[0], again)[0] == 0.0  # its repeat counted
+    facts = count_states(guide_for(CODE_TOOLS), tok, task, again, False)
+    assert facts.after_failed == 1 and facts.agree == 0  # the start is the state after the team's failed program
+    with pytest.raises(ValueError, match="openings"):
+        replace(_cfg().guide, source="none", openings=0.5)

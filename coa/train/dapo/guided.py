@@ -20,6 +20,7 @@ fine-tuning, the study's baseline for what a teacher adds (docs/sizing.md).
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any
 from coa.format import parse
 from coa.rollout.loop import OBS_CLOSE, OBS_OPEN, decode, encode
 from coa.rollout.types import Rollout
-from coa.teacher.guide import Guide, Turn, clean_style, made_calls
+from coa.teacher.guide import Guide, Turn, clean_style, made_calls, opening, slip_style
 from coa.teacher.run import make_teacher
 from coa.teacher.scores import Scorer, open_scorer
 from coa.teacher.states import RECOVERY, State, StateFacts, count_states, state_kind
@@ -135,6 +136,18 @@ def _example(tokenizer: Any, context: list[int], legs: list[tuple[str, str | Non
     return Example(ids, mask, 1.0) if any(mask) else None
 
 
+def open_tasks(slipper: Guide, tasks: list[dict[str, Any]], share: float, seed: int) -> list[dict[str, Any]]:
+    """``tasks`` with ``share`` of them (a draw per task from ``seed`` and its id) carrying the team's ``opening``: its
+    flawed first attempt and the observation that exposed it, which the rollouts go on from (the prompt's tail,
+    the reward's and the team's text's head); the others, and those with no slip, as they were."""
+    out = []
+    for task in tasks:
+        draw = random.Random(f"{seed}:opening:{task['task_id']}").random()
+        text = opening(slipper, task) if draw < share else None
+        out.append({**task, "opening": text} if text else task)
+    return out
+
+
 @dataclass(frozen=True)
 class Guided:
     """What train_dapo learns from beside DAPO's reward: ``examples(task, rollout, correct) -> (examples, facts)``
@@ -146,6 +159,7 @@ class Guided:
     examples: Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]] | None = None
     guide: Guide | None = None
     teacher: Scorer | None = None
+    slipper: Guide | None = None  # the team of the openings (coa.teacher.guide.slip_style), None: no openings
 
 
 def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, tokenizer: Any, seed: int,
@@ -163,4 +177,5 @@ def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, token
     if cfg.source == "own":
         return Guided(own_correct(max_tokens))
     guide = Guide(make_teacher(clean_style(distill), tools, index_dir, store), seed, judge)
-    return Guided(teacher_guided(guide, tokenizer, cfg, max_tokens), guide)
+    slipper = Guide(make_teacher(slip_style(distill), tools, index_dir, store), seed) if cfg.openings else None
+    return Guided(teacher_guided(guide, tokenizer, cfg, max_tokens), guide, slipper=slipper)

@@ -43,7 +43,9 @@ def reward_score(spec: Any, judge: Any = None) -> Score:
 
     def score(task: dict[str, Any], rollout: Rollout) -> tuple[float, bool]:
         n_tokens = len(rollout.prompt_ids) + len(rollout.response_ids)
-        r = reward(task, rollout.text, rollout.answer, n_tokens, spec, judge)
+        # a rollout that went on from the team's opening (coa.train.dapo.guided.open_tasks): its text heads the
+        # trajectory the reward reads (its format, a repeat of the opening's call)
+        r = reward(task, (task.get("opening") or "") + rollout.text, rollout.answer, n_tokens, spec, judge)
         return r.total, r.correct
 
     return score
@@ -222,7 +224,11 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
             sync()  # an engine with its own copy of the weights
             log.info("rl: resumed from %s at step %d", ckpt, state.step)
     resumed_from = state.step
-    prompts = [render(t) for t in tasks]
+    if guided is not None and guided.slipper is not None:  # the team opens a share of them with its slip
+        from coa.train.dapo.guided import open_tasks
+
+        tasks = open_tasks(guided.slipper, list(tasks), cfg.guide.openings, seed)
+    prompts = [render(t) + (t.get("opening") or "") for t in tasks]
 
     from tqdm import tqdm
 
