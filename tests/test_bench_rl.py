@@ -14,6 +14,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="module")
+def bench():
+    """bench/rl.py as a module (a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_rl", ROOT / "bench" / "rl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _row(tag: str, rl: dict[str, int], sft: dict[str, int]) -> dict:
     return {"tag": tag, "rl_correct": rl, "sft_correct": sft}
 
@@ -38,14 +49,9 @@ def test_pair_prints_each_arm_against_sft_and_each_other(tmp_path):
     assert out["a", "b", "all"]["ci_low"] <= 0.6 <= out["a", "b", "all"]["ci_high"]
 
 
-def test_the_validation_slice_spreads_over_the_rl_split_past_the_pools():
-    import importlib.util
-
+def test_the_validation_slice_spreads_over_the_rl_split_past_the_pools(bench):
     import polars as pl
 
-    spec = importlib.util.spec_from_file_location("bench_rl", ROOT / "bench" / "rl.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     ids = [f"code-{i:03d}" for i in range(20)] + [f"math-{i:03d}" for i in range(6)]
     tasks = pl.DataFrame({"task_id": ids + ["code-900"], "domain": ["code"] * 20 + ["math"] * 6 + ["code"],
                           "split": ["rl"] * 26 + ["eval"]})
@@ -61,14 +67,9 @@ def test_the_validation_slice_spreads_over_the_rl_split_past_the_pools():
         bench.slices(tasks, set(), ["code"], 5, 4, reserve=4)
 
 
-def test_pool_from_takes_the_solve_filters_kept_tasks_in_the_stages_order():
-    import importlib.util
-
+def test_pool_from_takes_the_solve_filters_kept_tasks_in_the_stages_order(bench):
     import polars as pl
 
-    spec = importlib.util.spec_from_file_location("bench_rl", ROOT / "bench" / "rl.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     tasks = pl.DataFrame({"task_id": ["math-002", "code-001", "math-001", "code-009"], "domain": ["math", "code",
                           "math", "code"], "split": ["rl"] * 4})
     stats = pl.DataFrame({"task_id": ["math-002", "code-001", "math-001"], "kept": [True, True, False]})
