@@ -8,7 +8,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup vllm pipeline test test-slow lint lock lock-cuda lock-vllm lock-vllm-cuda bench s3 mlflow-server prefect-server plots-template
+.PHONY: setup vllm pipeline test test-slow test-heavy lint lock lock-cuda lock-vllm lock-vllm-cuda bench s3 mlflow-server prefect-server plots-template
 
 # A GPU node (nvidia-smi lists a GPU; GPU=1 or GPU=0 overrides) installs CUDA builds in both environments:
 # requirements-cuda.lock in .venv (training and the hf engine on the GPUs) and requirements-vllm-cuda.lock in
@@ -104,7 +104,8 @@ pipeline: setup
 
 ## The test suite, under 20 minutes on 2 cores: every test not marked slow (the end-to-end dvc repro of every
 ## stage included; GPU tests skip themselves without a GPU), then the vLLM tests in vLLM's environment
-## (VLLM=0: without them, and without building .venv-vllm). test-slow: the heavier ones; CI runs both.
+## (VLLM=0: without them, and without building .venv-vllm). test-slow: the heavier ones but the whole-pipeline reruns
+## (marked heavy: make test-heavy, ~50 min on 2 AVX2 cores); CI runs test and test-slow, inside its 75 minutes.
 VLLM_TESTS := tests/rollout/test_vllm.py tests/rollout/test_vllm_rl.py tests/rollout/test_vllm_orphans.py
 test: setup $(if $(filter 1,$(VLLM)),vllm)
 	$(BIN)/python -m pytest -m "not vllm and not slow" --durations=15
@@ -115,7 +116,10 @@ endif
 # The vLLM tests are all quick (make test); the paper preset's vLLM run is a slow test of the main environment
 # that switches to .venv-vllm by itself, so test-slow needs vLLM's environment built, not a second pytest.
 test-slow: setup $(if $(filter 1,$(VLLM)),vllm)
-	$(BIN)/python -m pytest -m "slow and not vllm" --durations=15
+	$(BIN)/python -m pytest -m "slow and not vllm and not heavy" --durations=15
+
+test-heavy: setup $(if $(filter 1,$(VLLM)),vllm)
+	$(BIN)/python -m pytest -m "heavy and not vllm" --durations=5
 
 lint: setup
 	$(BIN)/ruff check .

@@ -7,7 +7,7 @@ uninterrupted run's (models in float32).
 One repository holds both: the uninterrupted run first (its outputs' md5s from dvc.lock), then, with the
 resume caches and dvc.lock gone, the killed sequence (`dvc repro --no-run-cache`: every stage really runs again, none
 restored from DVC's run cache). A killed repro reruns the killed stage only (the ones before are done), so
-the sequence costs about two pipelines more than the one run. make test-slow.
+the sequence costs about two pipelines more than the one run (17 minutes on 2 AVX2 cores). make test-heavy.
 
     python -m pytest -m slow tests/stages/test_kill.py
 """
@@ -114,6 +114,7 @@ def kill_repo(tmp_path_factory) -> Path:
     return smoke_checkout(tmp_path_factory.mktemp("kill") / "repo", FLOAT32)
 
 
+@pytest.mark.heavy
 def test_every_stage_killed_anywhere_reruns_to_the_same_bytes(kill_repo):
     rc, out, whole_s = repro(kill_repo, 3600)
     assert rc == 0, out[-5000:]

@@ -45,6 +45,7 @@ PAPER_ON_A_CPU = {  # what a CPU cannot take of the paper preset: the model, the
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a whole pipeline: make test-heavy
 def test_the_paper_preset_runs_through_dvc_repro_with_vllm_and_two_ranks(tmp_path):
     python = vllm_python()
     if python is None:

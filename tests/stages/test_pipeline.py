@@ -2,7 +2,7 @@
 
 Runs in a copy of the repository (its own git repo, DVC cache and MLflow store), so the stages and
 dvc.yaml never drift apart; the one end-to-end run of `make test` (its tests are not marked slow). Also
-checks determinism (`dvc repro -f` gives byte-identical artifacts, in make test-slow) and the MLflow lineage
+checks determinism (`dvc repro -f` gives byte-identical artifacts, in make test-heavy) and the MLflow lineage
 of every stage run. Beside the worlds, a generated HotpotQA-layout file brings 30 questions with their
 paragraphs (tests/tasks/hotpot_like.py): curate makes them pages, the teacher answers from them, eval
 reports the source as its own slice.
@@ -157,7 +157,8 @@ def test_dvc_repro_runs_every_stage(smoke_repo):
     assert len(index) == read_table(smoke_repo / "data/corpus.parquet", Document).height
 
 
-@pytest.mark.slow  # a second whole repro: make test-slow
+@pytest.mark.slow
+@pytest.mark.heavy  # a second whole repro: make test-heavy
 def test_forced_rerun_is_byte_identical_and_lineage_is_logged(smoke_repo):
     first = digests(smoke_repo)
     shutil.rmtree(smoke_repo / ".cache")  # the teacher really runs again
@@ -197,7 +198,8 @@ ABOVE_THE_MODELS = ["data/tasks.parquet", "data/corpus.parquet", "data/rejects/c
                     "data/transcripts.parquet", "data/trajectories.parquet", "data/rejects/distill.parquet"]
 
 
-@pytest.mark.slow  # the stages up to distill again: make test-slow
+@pytest.mark.slow
+@pytest.mark.heavy  # the stages up to distill again: make test-heavy
 def test_the_stages_above_the_models_give_the_same_bytes_at_avx2(smoke_repo):
     """curate, base, index, difficulty (float32 here) and distill rerun with numpy and torch held to AVX2 write
     the bytes they wrote at this machine's own SIMD level (before: BM25 ordered equal scores by whatever the
