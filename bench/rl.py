@@ -271,6 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     score = reward_score(RewardSpec.of(cfg, limits.max_total_tokens))
     guided = guided_from(cfg.guide, params.distill, params.common.tools, str(ROOT / "data/index"), tok, seed,
                          limits.max_total_tokens)
+    if cfg.guide.replay:  # SFT's trajectories of the replayed domains beside the guided examples
+        from coa.train.dapo.guided import sft_replay
+        from coa.train.sft import encode_trajectories
+        trajs = pl.read_parquet(ROOT / "data/trajectories.parquet").filter(
+            pl.col("domain").is_in(list(cfg.guide.replay_domains))).sort("task_id")
+        replayed, _ = encode_trajectories(tok, trajs.to_dicts(), limits.max_total_tokens,
+                                          params.sft.mask_drafts)
+        guided = dataclasses.replace(guided, replay=sft_replay(replayed, cfg.guide.replay, seed))
+        row["replay_pool"] = len(replayed)
 
     start, cpu = time.perf_counter(), time.process_time()
     result = train_dapo(model, tok, train, cfg, engine=engine, limits=limits, tools_factory=tools, score=score,

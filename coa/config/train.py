@@ -114,6 +114,10 @@ class GuideConfig:
         "Which of a rollout's states max_states corrects: first = the earliest where the student did otherwise; "
         "recovery_first = those right after a failed or repeated call before the others (each kind earliest first): "
         "the team's fix where the student would repeat itself.", default="first")
+    replay: int = _help("SFT trajectories (data/trajectories.parquet) of replay_domains replayed each step beside the "
+                        "guided examples, as SFT's targets: the domains the post-SFT pool lacks kept from drifting; "
+                        "0 = none.", default=0)
+    replay_domains: tuple[str, ...] = _help("The domains replay draws from.", default=("web",))
     scores: Literal["record", "replay"] = _help(
         "logprobs: record = the teacher scores each rollout once and its scores are kept, content-addressed, in the "
         "rl stage's data/teacher/rl (a rerun or a resumed run asks only for what is missing); replay = the scores "

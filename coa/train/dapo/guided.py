@@ -110,6 +110,7 @@ class Guided:
     examples: Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]] | None = None
     guide: Guide | None = None
     teacher: Scorer | None = None
+    replay: Callable[[int], list[Example]] | None = None  # step -> SFT examples replayed beside the guided ones
 
 
 def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, tokenizer: Any, seed: int,
@@ -128,3 +129,13 @@ def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, token
         return Guided(own_correct(max_tokens))
     guide = Guide(make_teacher(clean_style(distill), tools, index_dir, store), seed, judge)
     return Guided(teacher_guided(guide, tokenizer, cfg, max_tokens), guide)
+
+
+def sft_replay(examples: list[Example], per_step: int, seed: int) -> Callable[[int], list[Example]]:
+    """``step -> per_step`` of ``examples`` (SFT's encoded trajectories), drawn without replacement, seeded by step."""
+    import random
+
+    def draw(step: int) -> list[Example]:
+        return random.Random(seed * 1_000_003 + step).sample(examples, min(per_step, len(examples)))
+
+    return draw

@@ -233,6 +233,8 @@ def train_dapo(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[dict[str,
             seed, step, state, ranks)
         weight = cfg.guide.weight(step, cfg.steps) if guided is not None else 0.0
         examples, facts = _guide(guided, generated, ranks) if weight > 0 and guided.examples else ([], None)
+        if weight > 0 and guided.replay is not None and ranks.rank == 0:
+            examples = examples + guided.replay(step)
         if facts is not None:
             metrics.update(facts.metrics())
         # DAPO's groups (unless the guided loss is alone), then the rollouts the team took turns in (their turns'
