@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
     score = reward_score(RewardSpec.of(cfg, limits.max_total_tokens))
     guided = guided_from(cfg.guide, params.distill, params.common.tools, str(ROOT / "data/index"), tok, seed,
-                         limits.max_total_tokens)
+                         limits.max_total_tokens, model=model, tasks=train, temperature=cfg.temperature)
 
     start, cpu = time.perf_counter(), time.process_time()
     result = train_dapo(model, tok, train, cfg, engine=engine, limits=limits, tools_factory=tools, score=score,
@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                 "trained_tokens": sum(x.get("policy_tokens_trained", 0) for x in h),
                 "guide_tokens": sum(x.get("guide_tokens_trained", 0) for x in h),
                 "guide_agreement": [x.get("guide_agreement") for x in h],
-                "guide_examples": [x.get("guide_examples") for x in h]})
+                "guide_examples": [x.get("guide_examples") for x in h],
+                "teacher_kl": [x.get("teacher_kl") for x in h], "teacher_tokens": [x.get("teacher_tokens") for x in h]})
     print(json.dumps(row), flush=True)
     if args.save:
         save_pretrained(result.model, tok, args.save, {})

@@ -84,13 +84,14 @@ class SftConfig:
 
 @dataclass(frozen=True)
 class GuideConfig:
-    source: Literal["none", "team", "own", "logprobs"] = _help(
+    source: Literal["none", "team", "own", "logprobs", "privileged"] = _help(
         "What the rl stage learns from beside DAPO's reward, on every rollout of a step: team = the teacher team's "
         "next turn(s) from the states the student visited where it did otherwise (on-policy distillation: "
         "coa.teacher.guide, the distill.teacher team with its deliberate mistakes off), own = the student's own "
         "correct rollouts (rejection-sampling fine-tuning), logprobs = an LLM teacher's log-probs of the student's own "
         "tokens (distill.teacher's endpoint, vLLM's prompt_logprobs: coa.teacher.scores), a per-token reverse-KL "
-        "advantage on every rollout of the step (coa.train.dapo.distill), none = DAPO alone.")
+        "advantage on every rollout of the step (coa.train.dapo.distill), privileged = the same advantage from the policy "
+        "the stage starts from reading the team's solution in its prompt (coa.teacher.privileged), none = DAPO alone.")
     coef: float = _help("Weight of the guided cross-entropy (token mean over its targets) beside DAPO's loss, at the "
                         "first step; logprobs: the weight of the reverse-KL advantage beside the outcome's.")
     final_coef: float = _help("Its weight at the last step, reached linearly (the teacher's intervention annealed).")

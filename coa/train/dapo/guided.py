@@ -114,7 +114,7 @@ class Guided:
 
 def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, tokenizer: Any, seed: int,
                 max_tokens: int, store: Any = None, judge: Any = None, scores_dir: str | None = None,
-                ) -> Guided | None:
+                model: Any = None, tasks: Any = None, temperature: float = 1.0) -> Guided | None:
     """train_dapo's ``guided`` from params: ``cfg`` rl.guide, ``distill`` the distill section (its teacher team,
     the deliberate mistakes off: coa.teacher.guide.clean_style; source logprobs: distill.teacher's endpoint, its
     scores kept in ``scores_dir``), ``tools`` common.tools; None for source none."""
@@ -124,6 +124,12 @@ def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, token
         if scores_dir is None:
             raise ValueError("guide.source logprobs keeps the teacher's scores in a store: pass scores_dir")
         return Guided(teacher=open_scorer(distill.teacher, scores_dir, cfg.scores, tokenizer, max_tokens))
+    if cfg.source == "privileged":  # the starting policy, frozen, reading the team's solution
+        import copy
+
+        from coa.teacher.privileged import PrivilegedScorer
+        guide = Guide(make_teacher(clean_style(distill), tools, index_dir, store), seed, judge)
+        return Guided(teacher=PrivilegedScorer(copy.deepcopy(model), tokenizer, guide, tasks, temperature))
     if cfg.source == "own":
         return Guided(own_correct(max_tokens))
     guide = Guide(make_teacher(clean_style(distill), tools, index_dir, store), seed, judge)
