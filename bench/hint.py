@@ -2,11 +2,15 @@
 """Usage: python bench/hint.py program N (rows to .cache/bench-rl/hint-program.json)
 
 Does the SFT policy with the team's solution in its prompt (a privileged self-teacher) solve the validation tasks?"""
-import json, sys, time
+import json
+import sys
+import time
 from pathlib import Path
+
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import polars as pl
-from rl import validation_per_domain, evaluate_rows, summary, ROOT
+from rl import ROOT, evaluate_rows, summary, validation_per_domain
+
 from coa.config import derive_seed, load_params
 from coa.model import load_pretrained
 from coa.rollout.engines import make_engine
