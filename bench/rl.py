@@ -107,7 +107,7 @@ KEEP = ("task_id", "sample", "domain", "correct", "parse_ok", "finish", "recover
         "repeated_calls", "failed_calls", "reflection_names_failure", "lucky", "team_states", "team_agree")
 
 
-def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok, guide=None) -> list[dict]:
+def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok, guide=None, keep=KEEP) -> list[dict]:
     """The eval stage's rollouts on ``tasks``, each row with its tool-use flags (coa.eval.behaviour) and, with
     ``guide``, its agreement with the teacher team (coa.teacher.states.agreement)."""
     from coa.config import DomainSamplingConfig
@@ -119,7 +119,7 @@ def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok, guide
     rows = evaluate_by_domain(engine, tasks, k, sampling, lambda d: hash((seed, d)) & 0xFFFF, limits, tools, tok,
                               inspect=functools.partial(agreement, guide, tok) if guide is not None else None)
     return [{k_: v for k_, v in {**r, **behaviour(r["text"], r["domain"], r["correct"], r["answer"])}.items()
-             if k_ in KEEP} for r in rows]
+             if k_ in keep} for r in rows]
 
 
 def summary(rows: list[dict]) -> dict:
@@ -186,7 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="added to the rl stage's seed (rollouts, prompt order): another draw of the same arm")
     ap.add_argument("--eval-temperature", type=float, default=0.0)
     ap.add_argument("--eval-k", type=int, default=1)
+    ap.add_argument("--eval-at", default="", metavar="STEPS",
+                    help="also validate after these RL steps (comma-separated; a learning curve in one run: the "
+                         "lr is constant after warmup, so step k of a longer run is a k-step run)")
     ap.add_argument("--save", default=None, help="save the RL policy here")
+    ap.add_argument("--rollouts", default=None, metavar="JSONL",
+                    help="write the final policy's validation rollouts (with their text) here, to read them")
     ap.add_argument("--filter-only", action="store_true", help="stop after the solve filter (fills its cache)")
     ap.add_argument("--out", default=None, help="append the JSON row to this file")
     ap.add_argument("--pair", default=None, metavar="ROWS",
@@ -224,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                          **{name: _value(value)})})
         else:
             cfg = dataclasses.replace(cfg, **{key: _value(value)})
+    eval_at = {int(x) for x in args.eval_at.split(",") if x} - {cfg.steps}
+    if eval_at and cfg.guide.coef != cfg.guide.final_coef:  # an annealed guide: step k's weight depends on the total
+        raise SystemExit("--eval-at: rl.guide.coef != final_coef anneals over rl.steps, so step k of this run is not "
+                         "a k-step run: set guide.final_coef=guide.coef or drop --eval-at")
     limits, tools = agent_limits(params.common.agent), tools_factory(params.common.tools, str(ROOT / "data/index"))
     base_seed = derive_seed(params.common.seed, "rl")  # the filter's and the validation's, whatever --seed
     seed = base_seed + args.seed
@@ -268,27 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.filter_only:
         return 0
 
-    score = reward_score(RewardSpec.of(cfg, limits.max_total_tokens))
-    guided = guided_from(cfg.guide, params.distill, params.common.tools, str(ROOT / "data/index"), tok, seed,
-                         limits.max_total_tokens)
-
-    start, cpu = time.perf_counter(), time.process_time()
-    result = train_dapo(model, tok, train, cfg, engine=engine, limits=limits, tools_factory=tools, score=score,
-                        render=lambda t: render_prompt(tok, t["question"], t["domain"]), seed=seed, guided=guided)
-    row["rl_s"], row["rl_cpu_s"] = round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)
-    h = result.history
-    row.update({"rollout_s": round(sum(x["rollout_s"] for x in h), 1), "update_s": round(sum(x["update_s"] for x in h), 1),
-                "rollouts": sum(x["groups_generated"] for x in h) * cfg.rollouts_per_prompt,
-                "reward": [round(x["reward"], 3) for x in h], "kept": [x["groups_kept"] for x in h],
-                "trained_tokens": sum(x.get("policy_tokens_trained", 0) for x in h),
-                "guide_tokens": sum(x.get("guide_tokens_trained", 0) for x in h),
-                "guide_agreement": [x.get("guide_agreement") for x in h],
-                "guide_examples": [x.get("guide_examples") for x in h]})
-    print(json.dumps(row), flush=True)
-    if args.save:
-        save_pretrained(result.model, tok, args.save, {})
-
-    # validation: SFT (cached) and RL, paired
+    # validation: SFT (cached), then RL at --eval-at's steps and the last, paired
     guide = Guide(make_teacher(clean_style(params.distill), params.common.tools, str(ROOT / "data/index")), base_seed)
     key = hashlib.sha256(json.dumps([md5_path(ROOT / args.policy), args.val, args.eval_temperature, args.eval_k,
                                      cpu_capability(), "v3"]).encode()).hexdigest()[:16]
@@ -302,15 +291,69 @@ def main(argv: list[str] | None = None) -> int:
         sft_rows = evaluate_rows(base_engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(sft_rows))
+    row["sft_eval_s"] = round(time.perf_counter() - start, 1)
+    row["sft"] = summary(sft_rows)
+    row["sft_correct"] = {f"{r['task_id']}/{r['sample']}": int(r["correct"]) for r in sft_rows}
+
+    def validate(policy) -> tuple[list[dict], dict]:
+        """The policy the engine holds on the validation slice: its rows and its figures against SFT."""
+        train_batch, engine.max_batch = engine.max_batch, params.eval.engine.max_batch
+        was_training = policy.training
+        policy.eval()
+        rows = evaluate_rows(engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide,
+                             KEEP + ("text", "answer") if args.rollouts else KEEP)
+        policy.train(was_training)
+        engine.max_batch = train_batch
+        correct = {f"{r['task_id']}/{r['sample']}": int(r["correct"]) for r in rows}
+        diff = paired_difference(_outcomes(correct), _outcomes(row["sft_correct"]), 1000, 0)
+        return rows, {"summary": summary(rows), "correct": correct,
+                      "vs_sft": [diff["accuracy_diff"], diff["ci_low"], diff["ci_high"]]}
+
+    curve: dict[int, dict] = {}
+
+    def log_fn(step: int, metrics: dict) -> None:
+        if step in eval_at:  # the engine holds this step's weights (synced before log_fn)
+            t, c = time.perf_counter(), time.process_time()
+            rl_cpu = c - cpu - sum(x["eval_cpu_s"] for x in curve.values())  # the RL steps' own CPU seconds so far
+            curve[step] = {**validate(model)[1], "eval_s": round(time.perf_counter() - t, 1),
+                           "eval_cpu_s": time.process_time() - c, "rl_cpu_s": round(rl_cpu, 1)}
+            print(json.dumps({"step": step, "vs_sft": curve[step]["vs_sft"],
+                              "acc": {d: curve[step]["summary"].get(f"{d}.acc") for d in ("all", "web", "math", "code")}}),
+                  flush=True)
+
+    score = reward_score(RewardSpec.of(cfg, limits.max_total_tokens))
+    guided = guided_from(cfg.guide, params.distill, params.common.tools, str(ROOT / "data/index"), tok, seed,
+                         limits.max_total_tokens)
+
+    start, cpu = time.perf_counter(), time.process_time()
+    result = train_dapo(model, tok, train, cfg, engine=engine, limits=limits, tools_factory=tools, score=score,
+                        render=lambda t: render_prompt(tok, t["question"], t["domain"]), seed=seed, guided=guided,
+                        log_fn=log_fn)
+    evals = [sum(c[k] for c in curve.values()) for k in ("eval_s", "eval_cpu_s")]  # the curve's validations out
+    row["rl_s"] = round(time.perf_counter() - start - evals[0], 1)
+    row["rl_cpu_s"] = round(time.process_time() - cpu - evals[1], 1)
+    h = result.history
+    row.update({"rollout_s": round(sum(x["rollout_s"] for x in h), 1), "update_s": round(sum(x["update_s"] for x in h), 1),
+                "rollouts": sum(x["groups_generated"] for x in h) * cfg.rollouts_per_prompt,
+                "reward": [round(x["reward"], 3) for x in h], "kept": [x["groups_kept"] for x in h],
+                "trained_tokens": sum(x.get("policy_tokens_trained", 0) for x in h),
+                "guide_tokens": sum(x.get("guide_tokens_trained", 0) for x in h),
+                "guide_agreement": [x.get("guide_agreement") for x in h],
+                "guide_examples": [x.get("guide_examples") for x in h]})
+    print(json.dumps(row), flush=True)
+    if args.save:
+        save_pretrained(result.model, tok, args.save, {})
+
     engine.sync(result.model)
-    engine.max_batch = params.eval.engine.max_batch
-    rl_rows = evaluate_rows(engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
+    start = time.perf_counter()
+    rl_rows, final = validate(result.model)
     row["eval_s"] = round(time.perf_counter() - start, 1)
-    row["sft"], row["rl"] = summary(sft_rows), summary(rl_rows)
-    for name, rows in (("sft", sft_rows), ("rl", rl_rows)):  # per task, so that arms pair with each other
-        row[f"{name}_correct"] = {f"{r['task_id']}/{r['sample']}": int(r["correct"]) for r in rows}
-    diff = paired_difference(_outcomes(row["rl_correct"]), _outcomes(row["sft_correct"]), 1000, 0)
-    row["rl_vs_sft"] = [diff["accuracy_diff"], diff["ci_low"], diff["ci_high"]]
+    if args.rollouts:
+        Path(args.rollouts).write_text("".join(json.dumps(r) + "\n" for r in rl_rows))
+    row["rl"], row["rl_correct"], row["rl_vs_sft"] = final["summary"], final["correct"], final["vs_sft"]
+    if curve:
+        row["curve"] = {**{str(k): v for k, v in sorted(curve.items())},
+                        str(cfg.steps): {key: final[key] for key in ("summary", "vs_sft")}}
     row["rl_finish"] = {f: sum(r["finish"] == f for r in rl_rows) for f in {r["finish"] for r in rl_rows}}
     print(json.dumps(row), flush=True)
     if args.out:
