@@ -122,6 +122,11 @@ def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok, guide
              if k_ in keep} for r in rows]
 
 
+def correct_by_key(rows: list[dict]) -> dict[str, int]:
+    """Rows' outcomes as "task_id/sample" -> 0|1: a row's ``sft_correct`` / ``rl_correct``, so that arms pair."""
+    return {f"{r['task_id']}/{r['sample']}": int(r["correct"]) for r in rows}
+
+
 def summary(rows: list[dict]) -> dict:
     from coa.eval.behaviour import rates
 
@@ -230,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = dataclasses.replace(cfg, **{key: _value(value)})
     eval_at = {int(x) for x in args.eval_at.split(",") if x} - {cfg.steps}
+    if any(not 0 < k < cfg.steps for k in eval_at):  # a step the run never reaches would be dropped unseen
+        raise SystemExit(f"--eval-at {args.eval_at}: every step must lie in 1..rl.steps ({cfg.steps}); "
+                         "raise --set steps=N or drop the steps outside it")
     if eval_at and cfg.guide.coef != cfg.guide.final_coef:  # an annealed guide: step k's weight depends on the total
         raise SystemExit("--eval-at: rl.guide.coef != final_coef anneals over rl.steps, so step k of this run is not "
                          "a k-step run: set guide.final_coef=guide.coef or drop --eval-at")
@@ -293,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         cache.write_text(json.dumps(sft_rows))
     row["sft_eval_s"] = round(time.perf_counter() - start, 1)
     row["sft"] = summary(sft_rows)
-    row["sft_correct"] = {f"{r['task_id']}/{r['sample']}": int(r["correct"]) for r in sft_rows}
+    row["sft_correct"] = correct_by_key(sft_rows)
 
     def validate(policy) -> tuple[list[dict], dict]:
         """The policy the engine holds on the validation slice: its rows and its figures against SFT."""
@@ -304,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                              KEEP + ("text", "answer") if args.rollouts else KEEP)
         policy.train(was_training)
         engine.max_batch = train_batch
-        correct = {f"{r['task_id']}/{r['sample']}": int(r["correct"]) for r in rows}
+        correct = correct_by_key(rows)
         diff = paired_difference(_outcomes(correct), _outcomes(row["sft_correct"]), 1000, 0)
         return rows, {"summary": summary(rows), "correct": correct,
                       "vs_sft": [diff["accuracy_diff"], diff["ci_low"], diff["ci_high"]]}
@@ -353,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     row["rl"], row["rl_correct"], row["rl_vs_sft"] = final["summary"], final["correct"], final["vs_sft"]
     if curve:
         row["curve"] = {**{str(k): v for k, v in sorted(curve.items())},
-                        str(cfg.steps): {key: final[key] for key in ("summary", "vs_sft")}}
+                        str(cfg.steps): {name: final[name] for name in ("summary", "vs_sft")}}
     row["rl_finish"] = {f: sum(r["finish"] == f for r in rl_rows) for f in {r["finish"] for r in rl_rows}}
     print(json.dumps(row), flush=True)
     if args.out:

@@ -83,6 +83,9 @@ def test_pool_from_takes_the_solve_filters_kept_tasks_in_the_stages_order(bench)
 
 def test_eval_at_refuses_an_annealed_guide_whose_steps_are_not_shorter_runs(bench):
     """--eval-at reads step k of a run as a k-step run: true while the lr is constant after warmup and the guide's
-    weight is (coef == final_coef); an annealed guide is refused, before any model loads, with what to change."""
+    weight is (coef == final_coef); an annealed guide, or a step the run never reaches, is refused before any model
+    loads, with what to change."""
     with pytest.raises(SystemExit, match="final_coef"):
         bench.main(["--eval-at", "2", "--set", "steps=4", "--set", "guide.final_coef=0.0"])
+    with pytest.raises(SystemExit, match=r"1\.\.rl.steps \(4\)"):  # a step past the run's end, not dropped unseen
+        bench.main(["--eval-at", "2,6", "--set", "steps=4"])
