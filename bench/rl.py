@@ -151,9 +151,33 @@ def _outcomes(results: dict[str, int], domain: str | None = None) -> dict[tuple[
     return out
 
 
-def pair(rows: list[dict], n_boot: int = 1000) -> list[dict]:
+def family(meta: str | dict | None) -> str:
+    """A task's family: its world's ``meta.family`` (code, math) or ``meta.kind`` (web); "?" without either."""
+    m = json.loads(meta) if isinstance(meta, str) else (meta or {})
+    return str(m.get("family") or m.get("kind") or "?")
+
+
+def family_split(row: dict, families: dict[str, str]) -> list[dict]:
+    """SFT -> RL per domain on the validation tasks whose family the row's RL pool (``pool_ids``) holds, against
+    the others: RL learns its pool's families and can unlearn the rest (docs/sizing.md). ``families``: task_id ->
+    family. Each entry: tasks, SFT's and RL's correct, won (RL only) and lost (SFT only)."""
+    pool = {(t.split("-")[0], families.get(t, "?")) for t in row["pool_ids"]}
+    agg: dict[tuple[str, str], list[int]] = {}
+    for key, sft in row["sft_correct"].items():
+        task_id = key.rsplit("/", 1)[0]
+        domain = task_id.split("-")[0]
+        rl = row["rl_correct"][key]
+        a = agg.setdefault((domain, "pool" if (domain, families.get(task_id, "?")) in pool else "others"), [0] * 5)
+        for i, v in enumerate((1, sft, rl, rl and not sft, sft and not rl)):
+            a[i] += int(v)
+    return [{"a": row["tag"], "b": "sft", "domain": d, "families": f,
+             **dict(zip(("tasks", "sft", "rl", "won", "lost"), v, strict=True))} for (d, f), v in sorted(agg.items())]
+
+
+def pair(rows: list[dict], n_boot: int = 1000, families: dict[str, str] | None = None) -> list[dict]:
     """Arms of one study paired: every arm against SFT (overall and per domain) and every two arms with each
-    other, on the tasks both rows hold (rows without per-task results are skipped)."""
+    other, on the tasks both rows hold (rows without per-task results are skipped); with ``families`` (task_id ->
+    family), each row that records its pool (``pool_ids``) split by family too (:func:`family_split`)."""
     from coa.eval.metrics import paired_difference
 
     rows = [r for r in rows if "rl_correct" in r]
@@ -164,11 +188,26 @@ def pair(rows: list[dict], n_boot: int = 1000) -> list[dict]:
             if a:
                 out.append({"a": r["tag"], "b": "sft", "domain": domain or "all",
                             **paired_difference(a, b, n_boot, 0)})
+        if families is not None and r.get("pool_ids") is not None:
+            out += family_split(r, families)
     for i, r in enumerate(rows):
         for other in rows[i + 1:]:
             out.append({"a": r["tag"], "b": other["tag"], "domain": "all",
                         **paired_difference(_outcomes(r["rl_correct"]), _outcomes(other["rl_correct"]), n_boot, 0)})
     return out
+
+
+def only_domains(examples, domains: list[str]):
+    """A guide's ``examples`` that trains only on ``domains``' rollouts: the others' states are still judged and
+    counted (agreement), their examples dropped."""
+
+    def run(task, rollout, correct):
+        made, facts = examples(task, rollout, correct)
+        if task["domain"] in domains:
+            return made, facts
+        return [], dataclasses.replace(facts, examples=0, cut=0, target_tokens=0)
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="rl.KEY=VALUE override (repeatable)")
     ap.add_argument("--seed", type=int, default=0,
                     help="added to the rl stage's seed (rollouts, prompt order): another draw of the same arm")
+    ap.add_argument("--guide-domains", default=None, metavar="DOMAINS",
+                    help="the guide's examples from these domains' rollouts only (comma-separated; the others: DAPO "
+                         "alone, their states still counted); default: every domain of the pool")
     ap.add_argument("--eval-temperature", type=float, default=0.0)
     ap.add_argument("--eval-k", type=int, default=1)
     ap.add_argument("--eval-at", default="", metavar="STEPS",
@@ -203,7 +245,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="no run: pair the arms of a rows file (--out's) with SFT and with each other, and print them")
     args = ap.parse_args(argv)
     if args.pair:
-        for p in pair([json.loads(line) for line in Path(args.pair).read_text().splitlines() if line.strip()]):
+        tasks = ROOT / "data/tasks.parquet"
+        families = ({r["task_id"]: family(r["meta"]) for r in pl.read_parquet(tasks, columns=["task_id", "meta"])
+                     .iter_rows(named=True)} if tasks.exists() else None)
+        rows = [json.loads(line) for line in Path(args.pair).read_text().splitlines() if line.strip()]
+        for r in rows:  # rows from before pool_ids: their --pool-from file's kept tasks, where it is still there
+            if "pool_ids" not in r and r.get("pool_from") and (ROOT / r["pool_from"]).exists():
+                r["pool_ids"] = pl.read_parquet(ROOT / r["pool_from"]).filter(pl.col("kept"))["task_id"].to_list()
+        for p in pair(rows, families=families):
             print(json.dumps(p))
         return 0
 
@@ -281,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         train = [t for t in train if low <= solved[t["task_id"]] < args.filter_k]
     row["filter_s"] = round(time.perf_counter() - start, 1)
     row["train_tasks"] = {d: sum(t["domain"] == d for t in train) for d in ("web", "math", "code")}
+    row["pool_ids"] = [t["task_id"] for t in train]
     print(json.dumps(row), flush=True)
     if args.filter_only:
         return 0
@@ -332,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     score = reward_score(RewardSpec.of(cfg, limits.max_total_tokens))
     guided = guided_from(cfg.guide, params.distill, params.common.tools, str(ROOT / "data/index"), tok, seed,
                          limits.max_total_tokens)
+    if guided is not None and guided.examples is not None and args.guide_domains is not None:
+        guided = dataclasses.replace(guided, examples=only_domains(guided.examples, args.guide_domains.split(",")))
+        row["guide_domains"] = args.guide_domains
 
     start, cpu = time.perf_counter(), time.process_time()
     result = train_dapo(model, tok, train, cfg, engine=engine, limits=limits, tools_factory=tools, score=score,

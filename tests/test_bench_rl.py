@@ -89,3 +89,21 @@ def test_eval_at_refuses_an_annealed_guide_whose_steps_are_not_shorter_runs(benc
         bench.main(["--eval-at", "2", "--set", "steps=4", "--set", "guide.final_coef=0.0"])
     with pytest.raises(SystemExit, match=r"1\.\.rl.steps \(4\)"):  # a step past the run's end, not dropped unseen
         bench.main(["--eval-at", "2,6", "--set", "steps=4"])
+
+
+def test_pair_splits_each_arm_by_whether_its_pool_holds_the_family(bench):
+    # code-1 and code-2 share the pool's family "sort"; code-3 is "parse", outside the pool: RL wins the first two
+    # and loses the third, which the overall figure (+1 of 3) hides
+    families = {"code-0": "sort", "code-1": "sort", "code-2": "sort", "code-3": "parse", "web-1": "depth"}
+    row = {"tag": "a", "pool_ids": ["code-0"],
+           "sft_correct": {"code-1/0": 0, "code-2/0": 0, "code-3/0": 1, "web-1/0": 1},
+           "rl_correct": {"code-1/0": 1, "code-2/0": 1, "code-3/0": 0, "web-1/0": 1}}
+    split = {(p["domain"], p["families"]): p for p in bench.pair([row], 50, families) if "families" in p}
+    assert split["code", "pool"] == {"a": "a", "b": "sft", "domain": "code", "families": "pool",
+                                     "tasks": 2, "sft": 0, "rl": 2, "won": 2, "lost": 0}
+    assert (split["code", "others"]["tasks"], split["code", "others"]["lost"]) == (1, 1)
+    assert split["web", "others"]["rl"] == 1
+    assert not [p for p in bench.pair([{k: v for k, v in row.items() if k != "pool_ids"}], 50, families)
+                if "families" in p]  # a row without its pool: no split
+    assert bench.family('{"kind": "depth"}') == "depth" and bench.family({"family": "sort"}) == "sort"
+    assert bench.family(None) == "?"
