@@ -157,6 +157,22 @@ def family(meta: str | dict | None) -> str:
     return str(m.get("family") or m.get("kind") or "?")
 
 
+def average_weights(model, other, a: float) -> int:
+    """``model``'s weights made ``a`` x ``other``'s + (1 - a) x its own, in place (WiSE-FT); the count of tensors
+    that differed (the trained ones: rl's top layers)."""
+    import torch
+
+    if not 0 <= a <= 1:
+        raise SystemExit(f"--alpha {a}: must lie in [0, 1]")
+    theirs, changed = other.state_dict(), 0
+    with torch.no_grad():
+        for name, mine in model.state_dict().items():
+            if not torch.equal(mine, theirs[name]):
+                mine.copy_((a * theirs[name].float() + (1 - a) * mine.float()).to(mine.dtype))
+                changed += 1
+    return changed
+
+
 def family_split(row: dict, families: dict[str, str]) -> list[dict]:
     """SFT -> RL per domain on the validation tasks whose family the row's RL pool (``pool_ids``) holds, against
     the others: RL learns its pool's families and can unlearn the rest (docs/sizing.md). ``families``: task_id ->
@@ -239,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", default=None, help="save the RL policy here")
     ap.add_argument("--rollouts", default=None, metavar="JSONL",
                     help="write the final policy's validation rollouts (with their text) here, to read them")
+    ap.add_argument("--average", default=None, metavar="RL_DIR",
+                    help="no training: validate RL_DIR's weights averaged with --policy's (WiSE-FT: a x RL + (1 - a) x "
+                         "policy, --alpha a); pass the pool it trained on (--pool-from) for --pair's family split")
+    ap.add_argument("--alpha", type=float, default=0.5, help="--average's weight of RL_DIR (1: RL_DIR as it is)")
     ap.add_argument("--filter-only", action="store_true", help="stop after the solve filter (fills its cache)")
     ap.add_argument("--out", default=None, help="append the JSON row to this file")
     ap.add_argument("--pair", default=None, metavar="ROWS",
@@ -352,6 +372,23 @@ def main(argv: list[str] | None = None) -> int:
     row["sft_eval_s"] = round(time.perf_counter() - start, 1)
     row["sft"] = summary(sft_rows)
     row["sft_correct"] = correct_by_key(sft_rows)
+    if args.average:  # no training: a trained policy's weights averaged with --policy's, validated as SFT is
+        averaged = load_pretrained(ROOT / args.policy)[0]
+        row["average"] = {"with": args.average, "a": args.alpha,
+                          "tensors": average_weights(averaged, load_pretrained(args.average)[0], args.alpha)}
+        start = time.perf_counter()
+        rows = evaluate_rows(make_engine("hf", None, model=averaged.to(dtype), tokenizer=tok,
+                                         max_batch=params.eval.engine.max_batch),
+                             valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
+        diff = paired_difference(_outcomes(correct_by_key(rows)), _outcomes(row["sft_correct"]), 1000, 0)
+        row.update({"eval_s": round(time.perf_counter() - start, 1), "rl": summary(rows),
+                    "rl_correct": correct_by_key(rows), "rl_vs_sft": [diff[k] for k in ("accuracy_diff", "ci_low",
+                                                                                         "ci_high")]})
+        print(json.dumps(row), flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return 0
 
     def validate(policy) -> tuple[list[dict], dict]:
         """The policy the engine holds on the validation slice: its rows and its figures against SFT."""

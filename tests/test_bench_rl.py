@@ -107,3 +107,17 @@ def test_pair_splits_each_arm_by_whether_its_pool_holds_the_family(bench):
                 if "families" in p]  # a row without its pool: no split
     assert bench.family('{"kind": "depth"}') == "depth" and bench.family({"family": "sort"}) == "sort"
     assert bench.family(None) == "?"
+
+
+def test_average_weights_moves_only_the_tensors_that_differ(bench):
+    import torch
+
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        b.weight.add_(2.0)
+    before = a.weight.clone()
+    assert bench.average_weights(a, b, 0.25) == 1  # the bias is the same in both: untouched
+    assert torch.allclose(a.weight, before + 0.5) and torch.equal(a.bias, b.bias)
+    with pytest.raises(SystemExit, match="--alpha"):
+        bench.average_weights(a, b, 1.5)
