@@ -372,23 +372,33 @@ def main(argv: list[str] | None = None) -> int:
     row["sft_eval_s"] = round(time.perf_counter() - start, 1)
     row["sft"] = summary(sft_rows)
     row["sft_correct"] = correct_by_key(sft_rows)
-    if args.average:  # no training: a trained policy's weights averaged with --policy's, validated as SFT is
-        averaged = load_pretrained(ROOT / args.policy)[0]
-        row["average"] = {"with": args.average, "a": args.alpha,
-                          "tensors": average_weights(averaged, load_pretrained(args.average)[0], args.alpha)}
-        start = time.perf_counter()
-        rows = evaluate_rows(make_engine("hf", None, model=averaged.to(dtype), tokenizer=tok,
-                                         max_batch=params.eval.engine.max_batch),
-                             valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
-        diff = paired_difference(_outcomes(correct_by_key(rows)), _outcomes(row["sft_correct"]), 1000, 0)
-        row.update({"eval_s": round(time.perf_counter() - start, 1), "rl": summary(rows),
-                    "rl_correct": correct_by_key(rows), "rl_vs_sft": [diff[k] for k in ("accuracy_diff", "ci_low",
-                                                                                         "ci_high")]})
+
+    def figures(rows: list[dict]) -> dict:
+        """A policy's validation rows as its figures against SFT, paired."""
+        correct = correct_by_key(rows)
+        diff = paired_difference(_outcomes(correct), _outcomes(row["sft_correct"]), 1000, 0)
+        return {"summary": summary(rows), "correct": correct,
+                "vs_sft": [diff["accuracy_diff"], diff["ci_low"], diff["ci_high"]]}
+
+    def emit() -> int:
+        """The finished row: printed, and appended to --out."""
         print(json.dumps(row), flush=True)
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
         return 0
+
+    if args.average:  # no training: a trained policy's weights averaged with --policy's, validated as SFT is
+        averaged = load_pretrained(ROOT / args.policy)[0]
+        row["average"] = {"with": args.average, "a": args.alpha,
+                          "tensors": average_weights(averaged, load_pretrained(args.average)[0], args.alpha)}
+        start = time.perf_counter()
+        final = figures(evaluate_rows(make_engine("hf", None, model=averaged.to(dtype), tokenizer=tok,
+                                                  max_batch=params.eval.engine.max_batch),
+                                      valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide))
+        row["eval_s"] = round(time.perf_counter() - start, 1)
+        row["rl"], row["rl_correct"], row["rl_vs_sft"] = final["summary"], final["correct"], final["vs_sft"]
+        return emit()
 
     def validate(policy) -> tuple[list[dict], dict]:
         """The policy the engine holds on the validation slice: its rows and its figures against SFT."""
@@ -399,10 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                              KEEP + ("text", "answer") if args.rollouts else KEEP)
         policy.train(was_training)
         engine.max_batch = train_batch
-        correct = correct_by_key(rows)
-        diff = paired_difference(_outcomes(correct), _outcomes(row["sft_correct"]), 1000, 0)
-        return rows, {"summary": summary(rows), "correct": correct,
-                      "vs_sft": [diff["accuracy_diff"], diff["ci_low"], diff["ci_high"]]}
+        return rows, figures(rows)
 
     curve: dict[int, dict] = {}
 
@@ -453,11 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         row["curve"] = {**{str(k): v for k, v in sorted(curve.items())},
                         str(cfg.steps): {name: final[name] for name in ("summary", "vs_sft")}}
     row["rl_finish"] = {f: sum(r["finish"] == f for r in rl_rows) for f in {r["finish"] for r in rl_rows}}
-    print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    return 0
+    return emit()
 
 
 if __name__ == "__main__":
