@@ -45,6 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _value(text: str):
+    if text.startswith("[") and text.endswith("]"):  # a list: guide.domains=[math,code]
+        return [_value(x.strip()) for x in text[1:-1].split(",") if x.strip()]
     for cast in (int, float):
         try:
             return cast(text)
@@ -151,12 +153,6 @@ def _outcomes(results: dict[str, int], domain: str | None = None) -> dict[tuple[
     return out
 
 
-def family(meta: str | dict | None) -> str:
-    """A task's family: its world's ``meta.family`` (code, math) or ``meta.kind`` (web); "?" without either."""
-    m = json.loads(meta) if isinstance(meta, str) else (meta or {})
-    return str(m.get("family") or m.get("kind") or "?")
-
-
 def average_weights(model, other, a: float) -> int:
     """``model``'s weights made ``a`` x ``other``'s + (1 - a) x its own, in place (WiSE-FT); the count of tensors
     that differed (the trained ones: rl's top layers)."""
@@ -213,19 +209,6 @@ def pair(rows: list[dict], n_boot: int = 1000, families: dict[str, str] | None =
     return out
 
 
-def only_domains(examples, domains: list[str]):
-    """A guide's ``examples`` that trains only on ``domains``' rollouts: the others' states are still judged and
-    counted (agreement), their examples dropped."""
-
-    def run(task, rollout, correct):
-        made, facts = examples(task, rollout, correct)
-        if task["domain"] in domains:
-            return made, facts
-        return [], dataclasses.replace(facts, examples=0, cut=0, target_tokens=0)
-
-    return run
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default="models/sft")
@@ -241,12 +224,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the solve filter drops only K/K (solve_filter.drop_unsolved: false), not 0/K too")
     ap.add_argument("--filter-temperature", type=float, default=None,
                     help="the solve filter's temperature (default: params.yaml's solve_filter.temperature)")
-    ap.add_argument("--set", action="append", default=[], help="rl.KEY=VALUE override (repeatable)")
+    ap.add_argument("--set", action="append", default=[],
+                    help="rl.KEY=VALUE override (repeatable; a list as [a,b]: guide.domains=[math,code])")
     ap.add_argument("--seed", type=int, default=0,
                     help="added to the rl stage's seed (rollouts, prompt order): another draw of the same arm")
-    ap.add_argument("--guide-domains", default=None, metavar="DOMAINS",
-                    help="the guide's examples from these domains' rollouts only (comma-separated; the others: DAPO "
-                         "alone, their states still counted); default: every domain of the pool")
     ap.add_argument("--eval-temperature", type=float, default=0.0)
     ap.add_argument("--eval-k", type=int, default=1)
     ap.add_argument("--eval-at", default="", metavar="STEPS",
@@ -266,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.pair:
         tasks = ROOT / "data/tasks.parquet"
+        from coa.filters.solve import family
+
         families = ({r["task_id"]: family(r["meta"]) for r in pl.read_parquet(tasks, columns=["task_id", "meta"])
                      .iter_rows(named=True)} if tasks.exists() else None)
         rows = [json.loads(line) for line in Path(args.pair).read_text().splitlines() if line.strip()]
@@ -426,9 +409,6 @@ def main(argv: list[str] | None = None) -> int:
     score = reward_score(RewardSpec.of(cfg, limits.max_total_tokens))
     guided = guided_from(cfg.guide, params.distill, params.common.tools, str(ROOT / "data/index"), tok, seed,
                          limits.max_total_tokens)
-    if guided is not None and guided.examples is not None and args.guide_domains is not None:
-        guided = dataclasses.replace(guided, examples=only_domains(guided.examples, args.guide_domains.split(",")))
-        row["guide_domains"] = args.guide_domains
 
     start, cpu = time.perf_counter(), time.process_time()
     result = train_dapo(model, tok, train, cfg, engine=engine, limits=limits, tools_factory=tools, score=score,

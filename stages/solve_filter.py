@@ -7,7 +7,7 @@
         --metrics metrics/solve_filter.json
 
 The candidates are the tasks of `solve_filter.splits` (the rl split) that the difficulty stage kept, in
-`solve_filter.domains` (at most `max_tasks` per domain, the first by task_id). The SFT policy solves each
+`solve_filter.domains` (at most `max_tasks` per domain, drawn as `draw` says). The SFT policy solves each
 `k` times with its tools (common.agent limits, the shared checker coa.rewards.check); a task solved k/k
 teaches RL nothing and is dropped (AFM), and with `drop_unsolved` so is one solved 0/k (all rewards equal:
 DAPO's dynamic sampling would discard every group of it). data/rl_tasks.parquet holds one row per

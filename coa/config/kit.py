@@ -60,7 +60,16 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, key)
+        errors = []
+        for tp_i in inner:  # the first the value fits (int | dict[str, int]: a number, or one per key)
+            try:
+                return _coerce(tp_i, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        if len(inner) == 1:
+            raise ConfigError(errors[0])
+        raise ConfigError(f"{key}: must be one of {' | '.join(_type_name(a) for a in inner)}, got {value!r} "
+                          f"({'; '.join(errors)})")
     if origin is Literal:
         _require(value in args, key, f"must be one of {list(args)}, got {value!r}")
         return value

@@ -188,20 +188,32 @@ class DifficultyConfig:
 class SolveFilterConfig:
     splits: list[str] = _help("Splits sampled (the RL tasks: [rl]); tasks the difficulty stage dropped are left out.")
     domains: list[str] = _help("Domains sampled; others are left out of data/rl_tasks.parquet (rejects say so).")
-    max_tasks: int = _help("Most tasks per domain (the first by task_id); 0 = all.")
+    max_tasks: int | dict[str, int] = _help(
+        "Most tasks sampled per domain, in the order `draw` says; a number for every domain, or one per domain "
+        "({web: 10, math: 12, code: 25}); 0 = all.")
     k: int = _help("Rollouts per task (the paper: 8).")
     temperature: float = _help("Sampling temperature.")
     top_p: float = _help("Nucleus sampling.")
     drop_unsolved: bool = _help("Also drop tasks solved 0/k (no gradient signal for a tiny model); the paper "
                                 "drops only k/k.")
     engine: EngineConfig = _help("How the SFT policy is run.")
+    draw: Literal["first", "families"] = _help(
+        "Which candidates max_tasks takes: first = the first by task_id; families = the first task of every task "
+        "family (a world's meta family, web's kind), then the second of every family, ... (by task_id within each "
+        "round): RL learns its pool's families and unlearns the others (docs/sizing.md).", default="first")
 
     def __post_init__(self) -> None:
         _require(bool(self.splits) and set(self.splits) <= set(SPLITS), "splits",
                  f"must be a non-empty subset of {list(SPLITS)}")
         _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "domains",
                  "must be a non-empty subset of [web, math, code]")
-        _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
+        if isinstance(self.max_tasks, dict):
+            _require(set(self.domains) <= set(self.max_tasks), "max_tasks",
+                     f"a mapping must give every domain of solve_filter.domains ({self.domains}), "
+                     f"got {sorted(self.max_tasks)}")
+            _require(min(self.max_tasks.values()) >= 0, "max_tasks", "must be >= 0 (0 = all)")
+        else:
+            _require(self.max_tasks >= 0, "max_tasks", "must be >= 0 (0 = all)")
         _require(self.k >= 2, "k", "must be >= 2 (k/k and 0/k are told apart)")
         _require(self.temperature > 0, "temperature", "must be > 0 (k greedy samples are one)")
         _require(0 < self.top_p <= 1, "top_p", "must be within (0, 1]")

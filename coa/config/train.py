@@ -114,6 +114,10 @@ class GuideConfig:
         "Which of a rollout's states max_states corrects: first = the earliest where the student did otherwise; "
         "recovery_first = those right after a failed or repeated call before the others (each kind earliest first): "
         "the team's fix where the student would repeat itself.", default="first")
+    domains: list[str] = _help(
+        "The domains whose rollouts the team (or own) corrects and interjects in; the others' rollouts train by "
+        "DAPO alone, their states still judged and counted (agreement). The team's web routes cost web 10-13 "
+        "points wherever they ran (docs/sizing.md).", default_factory=lambda: ["web", "math", "code"])
     scores: Literal["record", "replay"] = _help(
         "logprobs: record = the teacher scores each rollout once and its scores are kept, content-addressed, in the "
         "rl stage's data/teacher/rl (a rerun or a resumed run asks only for what is missing); replay = the scores "
@@ -125,6 +129,8 @@ class GuideConfig:
         _require(self.dapo_coef >= 0, "dapo_coef", "must be >= 0 (0 = the guided loss alone)")
         _require(self.max_states >= 0, "max_states", "must be >= 0 (0 = no correction after the fact)")
         _require(self.rows_per_step >= 0, "rows_per_step", "must be >= 0 (0 = one step with DAPO's last mini-batch)")
+        _require(bool(self.domains) and set(self.domains) <= {"web", "math", "code"}, "domains",
+                 "must be a non-empty subset of [web, math, code]")
         for name in ("interject_failed", "interject_other"):
             _require(0 <= getattr(self, name) <= 1, name, "must be a probability in [0, 1]")
         _require(self.source == "none" or self.coef > 0 or self.final_coef > 0, "coef",

@@ -6,13 +6,16 @@
     summary(len(candidates), table, left_out, n_rejected, result, sample_s, cfg.k)   # metrics
 
 A candidate is sampled when the difficulty filter kept it, its domain is in `solve_filter.domains` and
-its domain has fewer than `max_tasks` sampled (the first by task_id); a sampled task solved k/k is dropped
+its domain has fewer than `max_tasks` sampled (a number, or one per domain), taken in the order `draw` says: the
+first by task_id, or by family (:func:`families_first`: the first task of every family, then the second of every
+family, ...: RL learns the families of its pool and unlearns the others); a sampled task solved k/k is dropped
 (it teaches RL nothing), and with `drop_unsolved` so is one solved 0/k. Every candidate left out or dropped
 is a reject with the reason, so candidates = rows + left out and kept + rejects = candidates.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -23,21 +26,45 @@ from coa.config import SolveFilterConfig
 from coa.io import first_per
 
 
+def family(meta: str | Mapping[str, Any] | None) -> str:
+    """A task's family: its world's ``meta.family`` (code, math) or ``meta.kind`` (web); "?" without either (a
+    dataset's task: one family)."""
+    m = json.loads(meta) if isinstance(meta, str) else (meta or {})
+    return str(m.get("family") or m.get("kind") or "?")
+
+
+def families_first(tasks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``tasks`` (in task_id order) reordered: every family's first task, then every family's second, ...; within
+    a round by task_id. Its first n tasks of a domain cover min(n, families) families."""
+    seen: Counter[tuple[str, str]] = Counter()
+    rounds = []
+    for i, task in enumerate(tasks):
+        key = (task["domain"], family(task.get("meta")))
+        rounds.append((seen[key], i))
+        seen[key] += 1
+    return [tasks[i] for _, i in sorted(rounds)]
+
+
 def select(candidates: Sequence[dict[str, Any]], kept_ids: Collection[str],
            cfg: SolveFilterConfig) -> tuple[list[dict[str, Any]], list[tuple[dict, str]]]:
-    """(the tasks to sample, (task, reason) for each candidate left out)."""
+    """(the tasks to sample, by task_id; (task, reason) for each candidate left out)."""
     rejects: list[tuple[dict, str]] = []
     todo = []
-    eligible = [t for t in candidates if t["task_id"] in kept_ids and t["domain"] in cfg.domains]
+    eligible = sorted((t for t in candidates if t["task_id"] in kept_ids and t["domain"] in cfg.domains),
+                      key=lambda t: t["task_id"])
+    if cfg.draw == "families":
+        eligible = families_first(eligible)
     first = {t["task_id"] for t, f in zip(eligible, first_per([t["domain"] for t in eligible], cfg.max_tasks),
                                            strict=True) if f}
     for task in candidates:
+        cap = cfg.max_tasks.get(task["domain"]) if isinstance(cfg.max_tasks, dict) else cfg.max_tasks
         if task["task_id"] not in kept_ids:
             rejects.append((task, "dropped by the difficulty filter (answerable closed-book)"))
         elif task["domain"] not in cfg.domains:
             rejects.append((task, f"domain {task['domain']} is not in solve_filter.domains"))
         elif task["task_id"] not in first:
-            rejects.append((task, f"beyond solve_filter.max_tasks={cfg.max_tasks} for {task['domain']}"))
+            order = "by task_id" if cfg.draw == "first" else "a family at a time"
+            rejects.append((task, f"beyond solve_filter.max_tasks={cap} for {task['domain']} ({order})"))
         else:
             todo.append(task)
     return todo, rejects

@@ -14,7 +14,7 @@ from coa.rollout.types import Request, Rollout, Sampling
 from coa.tasks.math import generate_math
 from coa.teacher.states import StateFacts, visited_states
 from coa.train.dapo import train_dapo
-from coa.train.dapo.guided import Guided, own_correct, teacher_guided
+from coa.train.dapo.guided import Guided, only_domains, own_correct, teacher_guided
 from coa.train.data import Example, pack
 from tests.rollout.conftest import Recorder
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2
@@ -231,3 +231,34 @@ def test_guided_rows_take_optimizer_steps_of_their_own(tok):
     assert seen[0][1:] == seen[1][1:] == seen[2][1:] and seen[0][1] == 5 * len(answer)
     with pytest.raises(ValueError, match="rows_per_step"):
         replace(cfg.guide, rows_per_step=-1)
+
+
+def test_guide_domains_keep_other_domains_states_counted_and_their_examples_out(tok, failing):
+    """rl.guide.domains: a math rollout outside the domains gives no example, its states still judged and counted."""
+    task, rollout = failing
+    cfg = replace(_cfg().guide, source="team", max_states=2, takeover=False)
+    inside = only_domains(teacher_guided(guide_for(CODE_TOOLS), tok, cfg, 4096), ["math", "code"])
+    outside = only_domains(teacher_guided(guide_for(CODE_TOOLS), tok, cfg, 4096), ["web"])
+    made, facts = inside(task, rollout, False)
+    none, seen = outside(task, rollout, False)
+    assert len(made) == facts.examples == 2 and facts.target_tokens > 0
+    assert none == [] and (seen.examples, seen.cut, seen.target_tokens) == (0, 0, 0)
+    assert (seen.states, seen.guided, seen.agree, seen.after_failed) == (facts.states, facts.guided, facts.agree,
+                                                                         facts.after_failed)
+
+
+def test_the_team_takes_no_turn_in_rollouts_outside_guide_domains(tok):
+    """Interjection follows rl.guide.domains too: web tasks with guide.domains [math, code] roll out untouched."""
+    cfg = _cfg(steps=1, prompts_per_step=2, rollouts_per_prompt=2, mini_batches=1, lr=3e-3)
+    cfg = replace(cfg, guide=replace(cfg.guide, source="team", coef=1.0, final_coef=1.0, dapo_coef=1.0,
+                                     interject_failed=0.0, interject_other=1.0, max_states=0,
+                                     domains=["math", "code"]))
+    torch.manual_seed(0)
+    model = scripted_qwen2(tok, WEB_SCRIPT)
+    engine = HFEngine(model, tok, max_batch=16)
+    guided = Guided(lambda task, rollout, correct: ([], StateFacts()), AnswerAtOnce())
+    result = train_dapo(model, tok, TASKS, cfg, engine=engine, limits=LIMITS, tools_factory=Recorder(), score=_score,
+                        render=lambda t: render_prompt(tok, t["question"], "web"), seed=5, progress=False,
+                        guided=guided)
+    assert {t["domain"] for t in TASKS} == {"web"}
+    assert result.history[0]["interjected"] == 0.0  # with domains [web, math, code] the test above sees > 0.5

@@ -12,12 +12,14 @@ goes on from there to its answer, its tools' observations masked as in SFT and r
 join). A state that does not parse, or a task whose team route is wrong, gets no example: StateFacts counts them.
 
 The same examples with the student's own correct rollouts instead (``guide.source: own``) are rejection-sampling
-fine-tuning, the study's baseline for what a teacher adds (docs/sizing.md).
+fine-tuning, the study's baseline for what a teacher adds (docs/sizing.md). ``guide.domains`` names the domains
+whose rollouts give examples (:func:`only_domains`); the others train by DAPO alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +81,22 @@ def own_correct(max_tokens: int) -> Callable[[dict[str, Any], Rollout, bool], tu
     return run
 
 
+Examples = Callable[[dict[str, Any], Rollout, bool], tuple[list[Example], StateFacts]]
+
+
+def only_domains(examples: Examples, domains: Collection[str]) -> Examples:
+    """``examples`` on ``domains``' rollouts alone: the others' states are still judged and counted (agreement,
+    recovery), their examples dropped (none made, none cut, no target tokens)."""
+
+    def run(task: dict[str, Any], rollout: Rollout, correct: bool) -> tuple[list[Example], StateFacts]:
+        made, facts = examples(task, rollout, correct)
+        if task["domain"] in domains:
+            return made, facts
+        return [], dataclasses.replace(facts, examples=0, cut=0, target_tokens=0)
+
+    return run
+
+
 def _example(tokenizer: Any, context: list[int], legs: list[tuple[str, str | None]], eos: int | None,
              max_tokens: int) -> Example | None:
     """Context (mask 0), then each leg's text (mask 1) and its observation as the runtime joins it (mask 0); the
@@ -125,6 +143,10 @@ def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, token
             raise ValueError("guide.source logprobs keeps the teacher's scores in a store: pass scores_dir")
         return Guided(teacher=open_scorer(distill.teacher, scores_dir, cfg.scores, tokenizer, max_tokens))
     if cfg.source == "own":
-        return Guided(own_correct(max_tokens))
+        return Guided(_in_domains(own_correct(max_tokens), cfg))
     guide = Guide(make_teacher(clean_style(distill), tools, index_dir, store), seed, judge)
-    return Guided(teacher_guided(guide, tokenizer, cfg, max_tokens), guide)
+    return Guided(_in_domains(teacher_guided(guide, tokenizer, cfg, max_tokens), cfg), guide)
+
+
+def _in_domains(examples: Examples, cfg: Any) -> Examples:
+    return examples if {"web", "math", "code"} <= set(cfg.domains) else only_domains(examples, cfg.domains)

@@ -354,7 +354,7 @@ def _engine_ranks(cfg: Any) -> int:
 def _interjecting(tools_factory: ToolsFactory, guided: Guided | None, tasks: Sequence[dict[str, Any]], cfg: Any,
                   seed: int, step: int) -> ToolsFactory:
     """The step's tool sessions: through them the team takes some of the student's turns (cfg.guide.interjection at
-    this step; each rollout's draws seeded by its key), or the plain ones."""
+    this step; each rollout's draws seeded by its key) in the rollouts of cfg.guide.domains, or the plain ones."""
     p_failed, p_other = cfg.guide.interjection(step, cfg.steps) if guided is not None else (0.0, 0.0)
     if guided is None or guided.guide is None or not (p_failed or p_other):
         return tools_factory
@@ -363,6 +363,8 @@ def _interjecting(tools_factory: ToolsFactory, guided: Guided | None, tasks: Seq
 
     def factory(request: Request) -> Any:
         task = by_id[request.key.split("#")[0]]
+        if task["domain"] not in cfg.guide.domains:  # rl.guide.domains: DAPO alone there, no teacher in the rollout
+            return tools_factory(request)
         return Interjecting(tools_factory(request), guide, task, p_failed, p_other,
                             request_seed(seed * 7919 + step, request.key))
 
