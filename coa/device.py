@@ -7,20 +7,26 @@ with AVX512_BF16/AMX get bfloat16, unless torch's or oneDNN's kernels are held b
 beside ``hardware_facts()`` (torch's CPU kernel level, AMX, AVX512_BF16).
 
 Training asks more of the unit than decoding: ``resolve_dtype(..., train=True)`` (SFT's and RL's updates, the
-ZeRO config) takes bf16 on a CPU only with AMX. AVX512_BF16's dot-product instructions alone decode faster in bf16
-(bench/rollout.py, batch 16: 106 against 88 tokens/s) but train 1.65x slower under bf16 autocast than in float32
-(bench/sft.py --dtype: 129-130 against 210-221 tokens/s; docs/sizing.md), so training there is float32.
+ZeRO config) takes bf16 on a CPU with AMX, and on one with AVX512_BF16 alone only where a probe of a training step's
+matmuls (:func:`bf16_training_speedup`: a linear layer forward and backward under bf16 autocast against float32,
+~0.2 s, once a process) runs at least ``BF16_TRAIN_MIN_SPEEDUP`` times faster. The same instructions differ by
+chip: an Intel Xeon with AVX512_BF16 and no AMX trained 1.65x slower under bf16 autocast (bench/sft.py --dtype:
+129-130 against 210-221 tokens/s), an AMD EPYC of Zen 5 1.93x faster (323 against 167; docs/sizing.md).
 
     >>> resolve_dtype("float32")
     torch.float32
 """
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import time
 from pathlib import Path
 
 import torch
 
+log = logging.getLogger("coa")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # oneDNN's ISA levels below its bf16 ones (ONEDNN_MAX_CPU_ISA): held there, its bf16 matmuls are emulated.
 _ONEDNN_BELOW_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
@@ -67,14 +73,49 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
     return any(cpu_bf16_features().values())
 
 
+BF16_TRAIN_MIN_SPEEDUP = 1.25  # the probe's margin: measured 0.6x (a Xeon) and 3-4x (a Zen 5) where it was chosen
+
+
+@functools.cache
+def bf16_training_speedup() -> float:
+    """float32's time over bf16 autocast's for a linear layer's forward and backward of a 135M model's shape (512
+    tokens, 576 -> 1536), the best of 3 alternating runs each after a warm-up: how much faster this CPU trains in
+    bf16. Measured once a process (~0.2 s)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 576, generator=gen)
+    w = torch.randn(1536, 576, generator=gen, requires_grad=True)
+
+    def step(bf16: bool) -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = torch.nn.functional.linear(x, w)
+        y.float().square().mean().backward()
+        w.grad = None
+        return time.perf_counter() - start
+
+    best = {False: float("inf"), True: float("inf")}
+    for i in range(8):
+        bf16 = bool(i % 2)
+        t = step(bf16)
+        if i >= 2:  # the first of each: warm-up (oneDNN's kernels built)
+            best[bf16] = min(best[bf16], t)
+    speedup = best[False] / best[True]
+    log.debug("bf16 training probe: bf16 autocast %.2fx float32's speed", speedup)
+    return round(speedup, 2)
+
+
 def native_bf16_training(device: str | torch.device = "cpu") -> bool:
     """Whether ``device`` trains faster in bf16 than in float32: CUDA with bf16; a CPU with AMX tiles (and its
-    kernels not held below them). AVX512_BF16 alone decodes bf16 natively but trains slower (see above)."""
+    kernels not held below them), or with AVX512_BF16 where :func:`bf16_training_speedup` says so (see above)."""
     dev = torch.device(device)
     if dev.type != "cpu":
         return native_bf16(dev)
+    if not native_bf16(dev):
+        return False
     held = _onednn_held()
-    return native_bf16(dev) and cpu_bf16_features()["amx"] and (held in {"", "ALL", "DEFAULT"} or "AMX" in held)
+    if cpu_bf16_features()["amx"] and (held in {"", "ALL", "DEFAULT"} or "AMX" in held):
+        return True
+    return bf16_training_speedup() >= BF16_TRAIN_MIN_SPEEDUP
 
 
 def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu", *, train: bool = False) -> torch.dtype:
