@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from coa.eval.plots import figures, headline, plot_rows
 
 METRICS = {
@@ -168,8 +170,9 @@ def test_dvc_plots_diff_shows_revisions_side_by_side(tmp_path, repo_root):
     # the learning curve's time axis is quantitative (10, 20 and 43.66 minutes spaced as they are)
     [line] = [enc for mark, enc, _ in _units(specs["plots/learning.json"]) if mark == "line"]
     assert line["x"]["field"] == "minutes" and line["x"]["type"] == "quantitative"
-    # two RL steps: whole steps on a quantitative axis, each step's value written
+    # the RL steps (params.yaml's rl.steps): whole steps on a quantitative axis, each step's value written
     rl = specs["plots/rl_reward.json"]
     units = {mark: enc for mark, enc, _ in _units(rl)}
     assert units["line"]["x"]["type"] == "quantitative" and "text" in units
-    assert len(rl["data"]["values"]) == 4  # two steps, two revisions
+    steps = yaml.safe_load((repo_root / "params.yaml").read_text())["rl"]["steps"]
+    assert len(rl["data"]["values"]) == 2 * steps  # every step, two revisions

@@ -173,7 +173,8 @@ def test_the_teams_turns_in_the_rollouts_teach_and_leave_dapo_alone(tok):
     bigram student then answers at once), and the rollouts it took turns in never count as its own."""
     cfg = _cfg(steps=6, prompts_per_step=4, rollouts_per_prompt=2, mini_batches=1, lr=3e-3)
     cfg = replace(cfg, guide=replace(cfg.guide, source="team", coef=1.0, final_coef=0.5, dapo_coef=0.0,
-                                     interject_failed=0.0, interject_other=1.0, max_states=0))
+                                     interject_failed=0.0, interject_other=1.0, max_states=0,
+                                     domains=["web", "math", "code"]))
     torch.manual_seed(0)
     model = scripted_qwen2(tok, WEB_SCRIPT)
     engine = HFEngine(model, tok, max_batch=16)
