@@ -9,7 +9,7 @@ beside ``hardware_facts()`` (torch's CPU kernel level, AMX, AVX512_BF16).
 Training asks more of the unit than decoding: ``resolve_dtype(..., train=True)`` (SFT's and RL's updates, the
 ZeRO config) takes bf16 on a CPU with AMX, and on one with AVX512_BF16 alone only where a probe of a training step's
 matmuls (:func:`bf16_training_speedup`: a linear layer forward and backward under bf16 autocast against float32,
-~0.2 s, once a process) runs at least ``BF16_TRAIN_MIN_SPEEDUP`` times faster. The same instructions differ by
+~0.1 s, once a process) runs at least ``BF16_TRAIN_MIN_SPEEDUP`` times faster. The same instructions differ by
 chip: an Intel Xeon with AVX512_BF16 and no AMX trained 1.65x slower under bf16 autocast (bench/sft.py --dtype:
 129-130 against 210-221 tokens/s), an AMD EPYC of Zen 5 1.93x faster (323 against 167; docs/sizing.md).
 
@@ -80,7 +80,7 @@ BF16_TRAIN_MIN_SPEEDUP = 1.25  # the probe's margin: measured 0.6x (a Xeon) and 
 def bf16_training_speedup() -> float:
     """float32's time over bf16 autocast's for a linear layer's forward and backward of a 135M model's shape (512
     tokens, 576 -> 1536), the best of 3 alternating runs each after a warm-up: how much faster this CPU trains in
-    bf16. Measured once a process (~0.2 s)."""
+    bf16. Measured once a process (~0.1 s)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(512, 576, generator=gen)
     w = torch.randn(1536, 576, generator=gen, requires_grad=True)

@@ -19,6 +19,7 @@ the placeholders or none (flows/team.py). It stops on SIGKILL (it ignores a poli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,10 +37,21 @@ from flows.team import ENV_FILE, PLACEHOLDERS, S3_KEYS, is_loopback, server_env
 BUCKETS = ("coa-dvc", "coa-mlflow")
 
 
+def free_ports(n: int, taken: tuple[int, ...] = ()) -> list[int]:
+    """n distinct loopback ports free now, none of `taken`: held open together while chosen, so the kernel
+    cannot hand one out twice (one at a time, a port just closed may come back)."""
+    with contextlib.ExitStack() as stack:
+        chosen: list[int] = []
+        while len(chosen) < n:
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            if (port := s.getsockname()[1]) not in taken:
+                chosen.append(port)
+        return chosen
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def weed_binary() -> str:
@@ -93,6 +105,10 @@ class Relay:
         self.listener.close()
 
 
+class _PortTaken(RuntimeError):
+    """weed exited because a port it was given was bound by another process first."""
+
+
 class SeaweedS3:
     """A SeaweedFS server with its S3 gateway on ``host`` (a context manager; see the module docstring)."""
 
@@ -121,12 +137,17 @@ class SeaweedS3:
         return {**self.credentials, "AWS_DEFAULT_REGION": "us-east-1",
                 "MLFLOW_S3_ENDPOINT_URL": self.endpoint, "AWS_ENDPOINT_URL_S3": self.endpoint}
 
-    def client(self, credentials: dict[str, str] | None = None) -> Any:
+    def client(self, credentials: dict[str, str] | None = None, timeout_s: float | None = None) -> Any:
+        """A boto3 S3 client; with timeout_s, its connect and read timeouts and no retries (a probe)."""
         import boto3
+        from botocore.config import Config
 
         key = credentials or self.credentials
+        config = None if timeout_s is None else Config(connect_timeout=timeout_s, read_timeout=timeout_s,
+                                                         retries={"total_max_attempts": 1})
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=key["AWS_ACCESS_KEY_ID"],
-                            aws_secret_access_key=key["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+                            aws_secret_access_key=key["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1",
+                            config=config)
 
     def _write_identities(self) -> Path:
         """The S3 gateway's one identity (every action) in a file only this user reads."""
@@ -139,12 +160,28 @@ class SeaweedS3:
             json.dump({"identities": [identity]}, f)
         return path
 
-    def start(self) -> SeaweedS3:
+    def start(self, attempts: int = 3) -> SeaweedS3:
+        """Start weed and make the buckets; a port taken between choosing it and weed's bind (another process
+        got it first: weed exits 255, "address already in use") is retried with new ports, `attempts` in all."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except _PortTaken as err:
+                self.stop()
+                if attempt == attempts:
+                    raise RuntimeError(f"weed could not bind its ports in {attempts} tries: {err}") from None
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> SeaweedS3:
+        names = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3.grpc")
         # every port explicit: the default gRPC port (HTTP port + 10000) overflows for high free ports
-        ports = {name: free_port() for name in ("master", "master.grpc", "volume", "volume.grpc", "filer",
-                                                  "filer.grpc", "s3.grpc")}
-        gateway = free_port() if self.use_relay else self.port
+        *chosen, gateway = free_ports(len(names) + 1, taken=(self.port,))
+        ports = dict(zip(names, chosen, strict=True))
+        gateway = gateway if self.use_relay else self.port
         # everything on loopback (the module docstring); one S3 identity; the Iceberg and Lance catalogs off
         cmd = [weed_binary(), "server", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                *(f"-{name.replace('.grpc', '.port.grpc') if '.grpc' in name else name + '.port'}={port}"
@@ -153,15 +190,27 @@ class SeaweedS3:
                f"-s3.config={self._write_identities()}", "-s3.port.iceberg=0", "-s3.port.lance=0",
                f"-volume.max={self.volumes}", "-master.telemetry=false"]
         self.relay = Relay(self.host, self.port, gateway) if self.use_relay else None
-        log = open(self.data_dir / "weed.log", "ab")  # noqa: SIM115 - the server outlives this call
+        log_path = self.data_dir / "weed.log"
+        log = open(log_path, "ab")  # noqa: SIM115 - the server outlives this call
+        start_of_log = log.tell()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + self.start_timeout_s
         last: Exception | None = None
         while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.data_dir / 'weed.log'}")
+            exited = self.proc.poll() is not None
+            with open(log_path, "rb") as f:
+                f.seek(start_of_log)
+                said = [line for line in f.read().decode(errors="replace").splitlines()
+                        if line.startswith(("E", "F"))]  # glog's errors and fatals
+            why = " | ".join(said[-3:]) or "nothing logged"
+            if "address already in use" in why:  # weed does not always exit on it (its S3 listener's goroutine)
+                if f":{self.port}: bind" in why and not self.use_relay:
+                    raise RuntimeError(f"port {self.port} is taken: choose another ({why})")
+                raise _PortTaken(why)
+            if exited:
+                raise RuntimeError(f"weed exited with {self.proc.returncode} ({why}); see {log_path}")
             try:
-                s3 = self.client()
+                s3 = self.client(timeout_s=5.0)  # a port held by another process that never answers: seconds
                 for bucket in self.buckets:
                     try:
                         s3.create_bucket(Bucket=bucket)

@@ -246,6 +246,46 @@ def test_the_team_s3_takes_its_own_key_only_and_relays_its_http_port_alone(team_
     assert f"-s3.port={team_s3.port}" not in cmd  # the gateway sits behind the relay's port
 
 
+@needs_weed
+def test_a_port_taken_before_weed_binds_it_is_chosen_again(tmp_path, monkeypatch):
+    """CI once lost a run to weed exiting 255: a port chosen free was bound by another process before weed
+    bound it. The first try here gets a port this test holds; the start retries with new ports."""
+    import socket
+
+    from flows import s3 as s3_module
+
+    real, calls = s3_module.free_ports, []
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+
+        def first_taken(n, taken=()):
+            ports = real(n, taken)
+            calls.append(ports)
+            return [held.getsockname()[1], *ports[1:]] if len(calls) == 1 else ports
+
+        server = SeaweedS3(tmp_path, buckets=["probe"])
+        monkeypatch.setattr(s3_module, "free_ports", first_taken)
+        with server:
+            server.client().put_object(Bucket="probe", Key="k", Body=b"v")
+    assert len(calls) == 2
+    assert "address already in use" in (tmp_path / "weed.log").read_text()
+    with socket.socket() as held:  # the caller's own port taken: said, not retried
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        server = SeaweedS3(tmp_path / "own", port=held.getsockname()[1], start_timeout_s=30)
+        with pytest.raises(RuntimeError, match=f"port {held.getsockname()[1]} is taken: choose another"):
+            server.start()
+        assert server.proc is None
+
+
+def test_free_ports_are_distinct_and_skip_the_taken():
+    from flows.s3 import free_ports
+
+    ports = free_ports(64, taken=(1,))
+    assert len(set(ports)) == 64 and 1 not in ports
+
+
 def _copy_checkout(dest: Path) -> None:
     """This checkout's files as a teammate's clone has them: none of its outputs, caches, stores or secrets."""
     from tests.stages.test_pipeline import ignore

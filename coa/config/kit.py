@@ -68,8 +68,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 errors.append(str(e))
         if len(inner) == 1:
             raise ConfigError(errors[0])
-        raise ConfigError(f"{key}: must be one of {' | '.join(_type_name(a) for a in inner)}, got {value!r} "
-                          f"({'; '.join(errors)})")
+        raise ConfigError(f"{key}: {value!r} fits none of its forms: "
+                          + "; or ".join(e.removeprefix(f"{key}: ") for e in errors))
     if origin is Literal:
         _require(value in args, key, f"must be one of {list(args)}, got {value!r}")
         return value

@@ -143,10 +143,6 @@ def guided_from(cfg: Any, distill: Any, tools: Any, index_dir: str | None, token
             raise ValueError("guide.source logprobs keeps the teacher's scores in a store: pass scores_dir")
         return Guided(teacher=open_scorer(distill.teacher, scores_dir, cfg.scores, tokenizer, max_tokens))
     if cfg.source == "own":
-        return Guided(_in_domains(own_correct(max_tokens), cfg))
+        return Guided(only_domains(own_correct(max_tokens), cfg.domains))
     guide = Guide(make_teacher(clean_style(distill), tools, index_dir, store), seed, judge)
-    return Guided(_in_domains(teacher_guided(guide, tokenizer, cfg, max_tokens), cfg), guide)
-
-
-def _in_domains(examples: Examples, cfg: Any) -> Examples:
-    return examples if {"web", "math", "code"} <= set(cfg.domains) else only_domains(examples, cfg.domains)
+    return Guided(only_domains(teacher_guided(guide, tokenizer, cfg, max_tokens), cfg.domains), guide)
