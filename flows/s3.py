@@ -223,7 +223,6 @@ class SeaweedS3:
             except Exception as err:  # noqa: BLE001 - not up yet
                 last = err
                 time.sleep(0.5)
-        self.stop()
         raise RuntimeError(f"SeaweedFS S3 did not come up on {self.endpoint} in {self.start_timeout_s}s: {last}")
 
     def stop(self) -> None:

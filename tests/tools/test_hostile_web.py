@@ -329,11 +329,13 @@ def test_every_outcome_is_recorded_and_replayed(tmp_path):
 
 def test_a_cold_worker_s_start_is_not_counted_on_the_page_s_clock():
     """A new worker imports its parsers and sets them up (~0.2-0.5 s on 2 cores) before it says it is ready: a
-    page given 0.1 s (~1 ms of parsing) is extracted by a cold worker. Before, the start was on the page's clock, and CI's hostile-web test flaked."""
+    page given 0.1 s (~1 ms of parsing) is extracted by a cold worker. Before, the start was on the page's clock,
+    and CI's hostile-web test flaked."""
     from coa.tools import extract
 
     extract._stop_idle()  # no warm worker left: the next call starts one
-    page = b"<html><head><title>T</title></head><body><article><p>" + b"Main text. " * 50 + b"</p></article></body></html>"
+    page = (b"<html><head><title>T</title></head><body><article><p>" + b"Main text. " * 50
+            + b"</p></article></body></html>")
     title, text = extract.Extractor(0.1, 5, 10_000)(page, "text/html", "http://x/")
     assert title == "T" and text.startswith("Main text.")
 
