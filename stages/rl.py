@@ -44,6 +44,7 @@ from coa.train.dapo.engine import close_engine, rl_engine
 from coa.train.dapo.guided import guided_from
 from coa.train.dapo.heldout import trained_kl
 from coa.train.dapo.ranks import check_launch, zero_settings
+from coa.train.zero import run_then_exit
 from schemas import Task, TaskStats
 from stages._train import TrainingStage
 
@@ -111,4 +112,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)  # ranks end without the interpreter's finalization (coa.train.zero)

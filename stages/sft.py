@@ -33,6 +33,7 @@ from coa.device import compute_facts, default_device, resolve_dtype
 from coa.eval.diagnostics import teacher_forced
 from coa.io import read_table
 from coa.train.sft import encode_trajectories, train_sft, zero_settings
+from coa.train.zero import run_then_exit
 from schemas import Trajectory
 from stages._train import TrainingStage
 
@@ -82,4 +83,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)  # ranks end without the interpreter's finalization (coa.train.zero)

@@ -25,7 +25,7 @@ from coa.config import load_params  # noqa: E402
 from coa.rollout import weights  # noqa: E402
 from coa.train import collective  # noqa: E402
 from coa.train.dapo.engine import engine_group  # noqa: E402
-from coa.train.zero import init_distributed  # noqa: E402
+from coa.train.zero import init_distributed, run_then_exit  # noqa: E402
 
 
 class Recorder:
@@ -64,4 +64,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_then_exit(main, sys.argv[1])

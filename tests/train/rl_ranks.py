@@ -41,6 +41,7 @@ from coa.rollout.hf import HFEngine  # noqa: E402
 from coa.rollout.types import Limits  # noqa: E402
 from coa.train.dapo import reference_model, train_dapo  # noqa: E402
 from coa.train.kit import save_trained  # noqa: E402
+from coa.train.zero import run_then_exit  # noqa: E402
 from tests.rollout.conftest import Recorder  # noqa: E402
 from tests.rollout.scripted import WEB_SCRIPT, make_tokenizer, scripted_qwen2  # noqa: E402
 
@@ -176,4 +177,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)

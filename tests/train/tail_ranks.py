@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from coa.launch import launch_ranks  # noqa: E402
+from coa.train.zero import run_then_exit  # noqa: E402
 
 
 def watch(model: torch.nn.Module) -> tuple[list[dict], object]:
@@ -106,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)

@@ -129,6 +129,41 @@ print("running:", dist.is_initialized())
         assert out.stdout.strip().splitlines()[-2:] == ["running: True", "after exit: False"]
 
 
+RUN_THEN_EXIT = """
+import atexit, sys, torch.distributed as dist
+from coa.config import load_params
+from coa.train.zero import init_distributed, run_then_exit
+class Finalized:
+    def __del__(self):
+        print("finalized")
+kept = Finalized()  # a module global: its __del__ runs in the interpreter's finalization, if there is one
+atexit.register(lambda: print("handler:", dist.is_initialized()))
+def main(mode):
+    if mode != "plain":
+        init_distributed(load_params("params.yaml").rl.deepspeed)
+    print("main", end=" ")  # left in the buffer
+    if mode == "stop":
+        raise SystemExit(3)
+    if mode == "error":
+        raise ValueError("boom")
+run_then_exit(main, sys.argv[1])
+print("after main")
+"""
+
+
+@pytest.mark.parametrize("mode, code, out", [
+    ("plain", 0, ["main after main", "handler: False", "finalized"]),  # never joined a group: Python's own exit
+    ("done", 0, ["main handler: False"]),  # the groups destroyed by the handlers, then no finalization
+    ("stop", 3, ["main handler: False"]),
+    ("error", 1, ["main handler: False"])])
+def test_a_process_that_joined_a_group_exits_after_its_handlers_without_finalization(mode, code, out):
+    proc = __import__("subprocess").run([__import__("sys").executable, "-c", RUN_THEN_EXIT, mode], capture_output=True,
+                                        text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert [ln for ln in proc.stdout.strip().splitlines() if not ln.startswith("[")] == out  # not DeepSpeed's log
+    assert ("ValueError: boom" in proc.stderr) == (mode == "error")
+
+
 def test_one_process_returns_the_values():
     assert not collective.active()
     assert collective.reduce_values([1, 2.5], "max") == [1.0, 2.5]

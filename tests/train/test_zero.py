@@ -30,30 +30,32 @@ from tiny_sft import cfg, make_tokenizer, records, tiny_model
 from coa.train import sft as T
 from coa.train import zero as Z
 from coa.config import DeepSpeedConfig
-tok = make_tokenizer()
-examples, _ = T.encode_trajectories(tok, records(12), max_len=256)
-spec = json.loads(sys.argv[1])
-ds = DeepSpeedConfig(enabled=spec.pop("deepspeed", True), zero_stage=spec.pop("zero", 2), dist_backend="gloo",
-                     offload_optimizer=False)
-stop = spec.pop("stop", 0)
-model = tiny_model(tok)
-if spec.pop("from_pretrained", False):  # ZeRO-3: every rank loads only its shard
-    from coa.model import load_pretrained, save_pretrained
-    save_pretrained(model, tok, sys.argv[2] + "-base", {{}})
-    hold = Z.zero3_loading(ds, "sft", **T.zero_settings(cfg(deepspeed=ds, **spec)))
-    model, _ = load_pretrained(sys.argv[2] + "-base")
-    del hold
-    assert model.lm_head.weight.numel() == 0 and hasattr(model.lm_head.weight, "ds_id")
-def log_fn(step, m):
-    if step == stop:
-        raise SystemExit(3)
-c = cfg(deepspeed=ds, **spec)
-r = T.train_sft(model, examples, c, seed=1, pad_id=0, ckpt_dir=sys.argv[2], log_fn=log_fn,
-                progress=False)
-if r.model is not None:
-    torch.save(r.model.state_dict(), sys.argv[3])
-    print(json.dumps({{"losses": [h["loss"] for h in r.history], "dtype": str(r.model.lm_head.weight.dtype),
-                      "resumed_from": r.resumed_from, "grad_norm": r.history[-1]["grad_norm"]}}))
+def main():
+    tok = make_tokenizer()
+    examples, _ = T.encode_trajectories(tok, records(12), max_len=256)
+    spec = json.loads(sys.argv[1])
+    ds = DeepSpeedConfig(enabled=spec.pop("deepspeed", True), zero_stage=spec.pop("zero", 2), dist_backend="gloo",
+                         offload_optimizer=False)
+    stop = spec.pop("stop", 0)
+    model = tiny_model(tok)
+    if spec.pop("from_pretrained", False):  # ZeRO-3: every rank loads only its shard
+        from coa.model import load_pretrained, save_pretrained
+        save_pretrained(model, tok, sys.argv[2] + "-base", {{}})
+        hold = Z.zero3_loading(ds, "sft", **T.zero_settings(cfg(deepspeed=ds, **spec)))
+        model, _ = load_pretrained(sys.argv[2] + "-base")
+        del hold
+        assert model.lm_head.weight.numel() == 0 and hasattr(model.lm_head.weight, "ds_id")
+    def log_fn(step, m):
+        if step == stop:
+            raise SystemExit(3)
+    c = cfg(deepspeed=ds, **spec)
+    r = T.train_sft(model, examples, c, seed=1, pad_id=0, ckpt_dir=sys.argv[2], log_fn=log_fn,
+                    progress=False)
+    if r.model is not None:
+        torch.save(r.model.state_dict(), sys.argv[3])
+        print(json.dumps({{"losses": [h["loss"] for h in r.history], "dtype": str(r.model.lm_head.weight.dtype),
+                          "resumed_from": r.resumed_from, "grad_norm": r.history[-1]["grad_norm"]}}))
+Z.run_then_exit(main)
 """
 
 
