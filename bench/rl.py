@@ -58,26 +58,31 @@ def _value(text: str):
 VALIDATION_RESERVE = 128  # the first rl-split tasks of a domain by task_id: where the RL pools are drawn
 
 
+SLICES = {"middle": 2, "fresh": 0, "third": 1}  # where in each run a validation slice takes its task, in quarters
+
+
 def validation_per_domain(tasks: pl.DataFrame, n: int, reserve: int = VALIDATION_RESERVE,
-                          fresh: bool = False) -> pl.DataFrame:
+                          at: str = "middle") -> pl.DataFrame:
     """The validation slice of the sizing studies (this one and bench/learning.py's): ``n`` rl-split tasks of each
     domain, evenly spaced by task_id over those after the first ``reserve`` (where the RL pools are drawn: the
     solve_filter stage's first 16, ``--pool``), so never trained on, and never the eval split. Spread, not the last
     ``n``: the world generators run out of a kind's variants as the ids grow, so the last 50 code tasks held 11 of
-    the 25 kinds where the eval split's first 60 hold all 25. The ``n`` tasks are the middles of ``n`` equal runs;
-    ``fresh``: the runs' first tasks instead, a slice disjoint from it (the middles chose among ~20 arms from
-    2026-11-27 on: an arm chosen on them keeps winning on them; docs/sizing.md)."""
+    the 25 kinds where the eval split's first 60 hold all 25. The ``n`` tasks are one of each of ``n`` equal runs:
+    ``at`` "middle" their middles (the slice ~20 arms chose among from 2026-11-27 on: an arm chosen on them keeps
+    winning on them; docs/sizing.md), "fresh" their first tasks (the steps' choice of 2026-11-30), "third" their
+    first quarters (the web answer turn's choice of 2026-11-30); disjoint where a run holds 4 tasks or more (at 50
+    a domain web's runs hold 7.5)."""
     out = []
     for domain in sorted(set(tasks["domain"])):
         part = tasks.filter((pl.col("split") == "rl") & (pl.col("domain") == domain)).sort("task_id")[reserve:]
         if n and part.height > n:
-            part = part[[(2 * i + (0 if fresh else 1)) * part.height // (2 * n) for i in range(n)]]
+            part = part[[(4 * i + SLICES[at]) * part.height // (4 * n) for i in range(n)]]
         out.append(part)
     return pl.concat(out) if out else tasks.head(0)
 
 
 def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: int, val: int,
-           reserve: int = VALIDATION_RESERVE, fresh: bool = False) -> tuple[list, list]:
+           reserve: int = VALIDATION_RESERVE, at: str = "middle") -> tuple[list, list]:
     """(the RL pool: the first ``pool`` rl-split tasks of each domain in ``domains``, web only those the
     difficulty stage kept, as the solve_filter stage takes them; the validation slice: ``val`` rl-split tasks of
     every domain spread over those after the pools' region, validation_per_domain)."""
@@ -93,7 +98,7 @@ def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: in
             raise SystemExit(f"--pool {pool}: only {part.height} {domain} tasks in the first {reserve} "
                              "rl-split tasks (the validation slice starts after them); lower --pool")
         train += part.head(pool).to_dicts()
-    return train, validation_per_domain(tasks, val, reserve, fresh).to_dicts()
+    return train, validation_per_domain(tasks, val, reserve, at).to_dicts()
 
 
 def stage_pool(tasks: pl.DataFrame, rl_tasks: pl.DataFrame, valid: list[dict], name: str) -> list[dict]:
@@ -219,9 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--domains", default="math,web,code", help="RL pool domains")
     ap.add_argument("--pool", type=int, default=16, help="RL pool: first N rl-split tasks per domain")
     ap.add_argument("--val", type=int, default=20, help="validation: N rl-split tasks per domain (spread)")
-    ap.add_argument("--fresh-val", action="store_true",
+    ap.add_argument("--fresh-val", action="store_const", const="fresh", dest="slice", default="middle",
                     help="the validation slice's disjoint twin (each run's first task, not its middle): tasks no "
-                         "study chose on before 2026-11-30")
+                         "study chose on before 2026-11-30 (--slice fresh)")
+    ap.add_argument("--slice", choices=sorted(SLICES), default="middle",
+                    help="which validation slice (validation_per_domain's at; middle: the studies' own)")
     ap.add_argument("--filter-k", type=int, default=0, help="solve filter rollouts per pool task (0: none)")
     ap.add_argument("--pool-from", default=None, metavar="RL_TASKS",
                     help="the pool: the tasks the solve_filter stage kept (data/rl_tasks.parquet), by task_id as the rl "
@@ -305,12 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     tasks = pl.read_parquet(ROOT / "data/tasks.parquet")
     diff = pl.read_parquet(ROOT / "data/difficulty.parquet")
     kept_web = set(diff.filter(pl.col("kept"))["task_id"])
-    train, valid = slices(tasks, kept_web, args.domains.split(","), args.pool, args.val, fresh=args.fresh_val)
+    train, valid = slices(tasks, kept_web, args.domains.split(","), args.pool, args.val, at=args.slice)
     if args.pool_from:  # the DAG's own pool: the rl stage's tasks in its order (seed 0: the stage's seed)
         if args.filter_k:
             raise SystemExit("--pool-from is the solve_filter stage's pool, already filtered: drop --filter-k")
         train = stage_pool(tasks, pl.read_parquet(ROOT / args.pool_from), valid, args.pool_from)
-    row: dict = {"tag": args.tag, "cpu": cpu_capability(), "set": overrides, "pool": args.pool, "fresh_val": args.fresh_val,
+    row: dict = {"tag": args.tag, "cpu": cpu_capability(), "set": overrides, "pool": args.pool,
+                 "fresh_val": args.slice == "fresh", "slice": args.slice,
                  "domains": args.domains, "seed": args.seed, "filter_k": args.filter_k, "pool_from": args.pool_from,
                  "eval_temperature": args.eval_temperature, "eval_k": args.eval_k}
 
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     # validation: SFT (cached), then RL at --eval-at's steps and the last, paired
     guide = Guide(make_teacher(clean_style(params.distill), params.common.tools, str(ROOT / "data/index")), base_seed)
     key = hashlib.sha256(json.dumps([md5_path(ROOT / args.policy), args.val, args.eval_temperature, args.eval_k,
-                                     cpu_capability(), "v3"] + (["fresh"] if args.fresh_val else [])
+                                     cpu_capability(), "v3"] + ([args.slice] if args.slice != "middle" else [])
                                     ).encode()).hexdigest()[:16]
     cache = ROOT / ".cache/bench-rl" / f"sft-{key}.json"
     start = time.perf_counter()

@@ -59,9 +59,12 @@ def test_the_validation_slice_spreads_over_the_rl_split_past_the_pools(bench):
     # code: 16 past the reserve, 4 evenly spaced (not the last 4); math: 2 past it, all; never the eval split
     assert out == ["code-006", "code-010", "code-014", "code-018", "math-004", "math-005"]
     assert bench.validation_per_domain(tasks, 0, reserve=4).height == 18  # 0: every rl task past the reserve
-    fresh = bench.validation_per_domain(tasks, 4, reserve=4, fresh=True)["task_id"].to_list()
+    fresh = bench.validation_per_domain(tasks, 4, reserve=4, at="fresh")["task_id"].to_list()
     assert fresh == ["code-004", "code-008", "code-012", "code-016", "math-004", "math-005"]  # each run's first
     assert not set(fresh[:4]) & set(out)  # disjoint where the domain has tasks to spare
+    third = bench.validation_per_domain(tasks, 4, reserve=4, at="third")["task_id"].to_list()
+    assert third == ["code-005", "code-009", "code-013", "code-017", "math-004", "math-005"]  # each run's first quarter
+    assert not set(third[:4]) & (set(out) | set(fresh))
     # the pool (the first tasks of each domain) and the slice never meet
     train, valid = bench.slices(tasks, set(), ["code"], 3, 4, reserve=4)
     assert [t["task_id"] for t in train] == ["code-000", "code-001", "code-002"]
