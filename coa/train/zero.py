@@ -89,17 +89,17 @@ def run_then_exit(main: Callable[..., Any], *args: Any) -> None:
     try:
         main(*args)
         code = 0
-    except SystemExit as stop:
+    except BaseException as error:
         if not _DESTROY_AT_EXIT:
             raise
-        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
-        if not isinstance(stop.code, int | None):
-            print(stop.code, file=sys.stderr)
-    except BaseException:
-        if not _DESTROY_AT_EXIT:
-            raise
-        traceback.print_exc()
-        code = 1
+        if not isinstance(error, SystemExit):
+            traceback.print_exc()
+            code = 1
+        elif isinstance(error.code, int | None):
+            code = error.code or 0
+        else:
+            print(error.code, file=sys.stderr)
+            code = 1
     if not _DESTROY_AT_EXIT:
         return
     atexit._run_exitfuncs()  # ours destroys the groups; the others close what they opened (extraction workers, logs)
@@ -109,11 +109,11 @@ def run_then_exit(main: Callable[..., Any], *args: Any) -> None:
 
 
 def _destroy_process_groups() -> None:
-    """At exit, while the interpreter is whole: destroy every process group. Left to the interpreter's
-    finalization, a gloo group's worker threads may free work that holds Python objects after the GIL is gone,
-    and the rank dies of SIGABRT ("terminate called without an active exception") after its work is done (CI,
-    a ZeRO-3 test's rank 1); torch's advice, for every backend, is to destroy the groups before the program ends
-    (a gloo group's shutdown is local: a rank that finishes first does not wait for the others)."""
+    """At exit, while the interpreter is whole: destroy every process group, torch's advice for every backend
+    (a gloo group's shutdown is local: a rank that finishes first does not wait for the others). It does not end
+    the gloo groups' worker threads while DeepSpeed still holds the groups (its engine, parameters and groups
+    module), and a rank whose finalization met them died of SIGABRT ("terminate called without an active
+    exception") after its work was done (CI, a ZeRO-3 test): run_then_exit leaves without finalization."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
