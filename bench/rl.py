@@ -317,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.filter_k:
             raise SystemExit("--pool-from is the solve_filter stage's pool, already filtered: drop --filter-k")
         train = stage_pool(tasks, pl.read_parquet(ROOT / args.pool_from), valid, args.pool_from)
-    row: dict = {"tag": args.tag, "cpu": cpu_capability(), "set": overrides, "pool": args.pool,
-                 "fresh_val": args.slice == "fresh", "slice": args.slice,
+    row: dict = {"tag": args.tag, "cpu": cpu_capability(), "set": overrides, "pool": args.pool, "slice": args.slice,
                  "domains": args.domains, "seed": args.seed, "filter_k": args.filter_k, "pool_from": args.pool_from,
                  "eval_temperature": args.eval_temperature, "eval_k": args.eval_k}
 
