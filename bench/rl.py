@@ -58,7 +58,7 @@ def _value(text: str):
 VALIDATION_RESERVE = 128  # the first rl-split tasks of a domain by task_id: where the RL pools are drawn
 
 
-SLICES = {"middle": 2, "fresh": 0, "third": 1}  # where in each run a validation slice takes its task, in quarters
+SLICES = {"middle": 2, "fresh": 0, "third": 1, "last": 3}  # where in each run a validation slice takes its task, in quarters
 
 
 def validation_per_domain(tasks: pl.DataFrame, n: int, reserve: int = VALIDATION_RESERVE,
@@ -70,7 +70,8 @@ def validation_per_domain(tasks: pl.DataFrame, n: int, reserve: int = VALIDATION
     the 25 kinds where the eval split's first 60 hold all 25. The ``n`` tasks are one of each of ``n`` equal runs:
     ``at`` "middle" their middles (the slice ~20 arms chose among from 2026-11-27 on: an arm chosen on them keeps
     winning on them; docs/sizing.md), "fresh" their first tasks (the steps' choice of 2026-11-30), "third" their
-    first quarters (the web answer turn's choice of 2026-11-30); disjoint where a run holds 4 tasks or more (at 50
+    first quarters (the web answer turn's choice of 2026-11-30), "last" their third quarters (the
+    student's-states study of 2026-12-01); disjoint where a run holds 4 tasks or more (at 50
     a domain web's runs hold 7.5)."""
     out = []
     for domain in sorted(set(tasks["domain"])):
@@ -130,6 +131,28 @@ def evaluate_rows(engine, tasks, k, temperature, seed, limits, tools, tok, guide
                               inspect=functools.partial(agreement, guide, tok) if guide is not None else None)
     return [{k_: v for k_, v in {**r, **behaviour(r["text"], r["domain"], r["correct"], r["answer"])}.items()
              if k_ in keep} for r in rows]
+
+
+def policy_rows(policy: str, valid: list[dict], val: int, at: str, temperature: float, k: int, dtype, max_batch: int,
+                limits, tools, tok, guide) -> list[dict]:
+    """The starting policy's validation rows (evaluate_rows), cached under .cache/bench-rl by the policy's bytes,
+    the slice and the sampling: every arm of a study pairs with the same rows."""
+    from coa.device import cpu_capability
+    from coa.io import md5_path
+    from coa.model import load_pretrained
+    from coa.rollout.engines import make_engine
+
+    key = hashlib.sha256(json.dumps([md5_path(ROOT / policy), val, temperature, k, cpu_capability(), "v3"]
+                                    + ([at] if at != "middle" else [])).encode()).hexdigest()[:16]
+    cache = ROOT / ".cache/bench-rl" / f"sft-{key}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    engine = make_engine("hf", None, model=copy.deepcopy(load_pretrained(ROOT / policy)[0]).to(dtype),
+                         tokenizer=tok, max_batch=max_batch)
+    rows = evaluate_rows(engine, valid, k, temperature, 1, limits, tools, tok, guide)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(rows))
+    return rows
 
 
 def correct_by_key(rows: list[dict]) -> dict[str, int]:
@@ -353,19 +376,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # validation: SFT (cached), then RL at --eval-at's steps and the last, paired
     guide = Guide(make_teacher(clean_style(params.distill), params.common.tools, str(ROOT / "data/index")), base_seed)
-    key = hashlib.sha256(json.dumps([md5_path(ROOT / args.policy), args.val, args.eval_temperature, args.eval_k,
-                                     cpu_capability(), "v3"] + ([args.slice] if args.slice != "middle" else [])
-                                    ).encode()).hexdigest()[:16]
-    cache = ROOT / ".cache/bench-rl" / f"sft-{key}.json"
     start = time.perf_counter()
-    if cache.exists():
-        sft_rows = json.loads(cache.read_text())
-    else:
-        base_engine = make_engine("hf", None, model=copy.deepcopy(load_pretrained(ROOT / args.policy)[0]).to(dtype),
-                                  tokenizer=tok, max_batch=params.eval.engine.max_batch)
-        sft_rows = evaluate_rows(base_engine, valid, args.eval_k, args.eval_temperature, 1, limits, tools, tok, guide)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(sft_rows))
+    sft_rows = policy_rows(args.policy, valid, args.val, args.slice, args.eval_temperature, args.eval_k, dtype,
+                           params.eval.engine.max_batch, limits, tools, tok, guide)
     row["sft_eval_s"] = round(time.perf_counter() - start, 1)
     row["sft"] = summary(sft_rows)
     row["sft_correct"] = correct_by_key(sft_rows)

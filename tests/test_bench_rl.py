@@ -65,6 +65,9 @@ def test_the_validation_slice_spreads_over_the_rl_split_past_the_pools(bench):
     third = bench.validation_per_domain(tasks, 4, reserve=4, at="third")["task_id"].to_list()
     assert third == ["code-005", "code-009", "code-013", "code-017", "math-004", "math-005"]  # each run's first quarter
     assert not set(third[:4]) & (set(out) | set(fresh))
+    last = bench.validation_per_domain(tasks, 4, reserve=4, at="last")["task_id"].to_list()
+    assert last == ["code-007", "code-011", "code-015", "code-019", "math-004", "math-005"]  # each run's third quarter
+    assert not set(last[:4]) & (set(out) | set(fresh) | set(third))
     # the pool (the first tasks of each domain) and the slice never meet
     train, valid = bench.slices(tasks, set(), ["code"], 3, 4, reserve=4)
     assert [t["task_id"] for t in train] == ["code-000", "code-001", "code-002"]
