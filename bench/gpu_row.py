@@ -176,4 +176,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    # the row joins a process group (DeepSpeed, world 1): end as the stages' ranks do, past the interpreter's
+    # finalization (coa.train.zero.run_then_exit); coa is imported by then (by measure)
+    zero = sys.modules.get("coa.train.zero")
+    if zero is not None:
+        zero.run_then_exit(sys.exit, code)
+    raise SystemExit(code)
