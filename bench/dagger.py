@@ -6,7 +6,7 @@ student's own states (DAgger's aggregation), trained from ``--policy`` with the 
         --correct-domains math,code --per-domain 64 --lr 3e-5 --slice last --out ROWS [--save DIR]
 
 The pool: the first ``--per-domain`` rl-split tasks of each domain in ``--domains`` (web: those the difficulty stage
-kept), inside bench/rl.py's reserve, so never in a validation slice. ``--teacher``: the distill stage's team (its
+kept), inside bench/rl.py's reserve, so never in a validation slice (bench/rl.py's slices, in its domain order). ``--teacher``: the distill stage's team (its
 style: the slips on) solves each pool task once; its correct trajectories are SFT rows. ``--corrections``: the
 policy rolls out greedily on the pool (the states the greedy eval visits) and the team's turns from the states
 where it did otherwise (coa.train.dapo.guided.teacher_guided: ``--states``, ``--max-states``, the team taking over
@@ -26,16 +26,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import polars as pl
-from rl import (
-    ROOT,
-    VALIDATION_RESERVE,
-    _outcomes,
-    correct_by_key,
-    evaluate_rows,
-    policy_rows,
-    summary,
-    validation_per_domain,
-)
+from rl import ROOT, correct_by_key, evaluate_rows, pair, policy_rows, slices, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from coa.config import derive_seed, load_params
     from coa.device import cpu_capability, resolve_dtype
-    from coa.eval.metrics import paired_difference
     from coa.model import load_pretrained
     from coa.prompts import render_prompt
     from coa.rewards import RewardSpec
@@ -85,15 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = derive_seed(params.common.seed, "rl") + args.seed
     tasks = pl.read_parquet(ROOT / "data/tasks.parquet")
     kept_web = set(pl.read_parquet(ROOT / "data/difficulty.parquet").filter(pl.col("kept"))["task_id"])
-    rl = tasks.filter(pl.col("split") == "rl").sort("task_id")
-    pool = []
-    for domain in args.domains.split(","):
-        part = rl.filter(pl.col("domain") == domain).head(VALIDATION_RESERVE)
-        if domain == "web":
-            part = part.filter(pl.col("task_id").is_in(list(kept_web)))
-        pool += part.head(args.per_domain).to_dicts()
-    valid = validation_per_domain(tasks, args.val, at=args.slice).to_dicts()
-    assert not {t["task_id"] for t in pool} & {t["task_id"] for t in valid}
+    pool, valid = slices(tasks, kept_web, args.domains.split(","), args.per_domain, args.val, at=args.slice)
     row: dict = {"tag": args.tag, "cpu": cpu_capability(), **{k: v for k, v in vars(args).items() if k != "out"},
                  "pool": {d: sum(t["domain"] == d for t in pool) for d in ("web", "math", "code")}}
     model, tok = load_pretrained(ROOT / args.policy)
@@ -161,11 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     row["eval_s"] = round(time.perf_counter() - start, 1)
     row["sft"], row["rl"] = summary(sft_rows), summary(rows)
     row["sft_correct"], row["rl_correct"] = correct_by_key(sft_rows), correct_by_key(rows)
-    d = paired_difference(_outcomes(row["rl_correct"]), _outcomes(row["sft_correct"]), 1000, 0)
-    row["rl_vs_sft"] = [d["accuracy_diff"], d["ci_low"], d["ci_high"]]
-    for domain in ("web", "math", "code"):
-        d = paired_difference(_outcomes(row["rl_correct"], domain), _outcomes(row["sft_correct"], domain), 1000, 0)
-        row[f"{domain}_vs_sft"] = [d["accuracy_diff"], d["ci_low"], d["ci_high"]]
+    for p in pair([row]):  # against SFT, overall ("rl_vs_sft", as bench/rl.py's rows) and per domain
+        row["rl_vs_sft" if p["domain"] == "all" else f"{p['domain']}_vs_sft"] = [p["accuracy_diff"], p["ci_low"],
+                                                                                 p["ci_high"]]
     print(json.dumps({k: v for k, v in row.items() if not k.endswith("_correct")}), flush=True)
     if args.out:
         with open(args.out, "a") as f:

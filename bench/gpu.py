@@ -55,7 +55,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gpu_site import ensure_packages  # bench/ is this script's folder, first on sys.path
+from gpu_site import end, ensure_packages  # bench/ is this script's folder, first on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / ".cache/gpu-wheels"
@@ -222,10 +222,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # the row joins a process group (DeepSpeed, world 1): end as the stages' ranks do, past the interpreter's
-    # finalization (coa.train.zero.run_then_exit); coa is imported by then (after the carried wheels)
-    zero = sys.modules.get("coa.train.zero")
-    if zero is not None:
-        zero.run_then_exit(sys.exit, code)
-    raise SystemExit(code)
+    end(main())

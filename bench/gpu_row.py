@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from gpu_figures import Flops, Memory, count_head, matmul_peak, mfu  # noqa: E402
+from gpu_site import end  # noqa: E402
 
 PROMPT, TURN, OBSERVATION = 2048, 1024, 128  # tokens: the prompt, a policy turn, the observation after it
 
@@ -176,10 +177,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # the row joins a process group (DeepSpeed, world 1): end as the stages' ranks do, past the interpreter's
-    # finalization (coa.train.zero.run_then_exit); coa is imported by then (by measure)
-    zero = sys.modules.get("coa.train.zero")
-    if zero is not None:
-        zero.run_then_exit(sys.exit, code)
-    raise SystemExit(code)
+    end(main())

@@ -58,3 +58,13 @@ def ensure_packages(wheels: Path, site: Path, script: Path) -> float | None:
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, str(script.resolve()), *sys.argv[1:]], env)
     raise AssertionError("unreachable")
+
+
+def end(code: int) -> None:
+    """End a bench run with ``code``. A run that imported coa.train.zero (the row joins a process group: DeepSpeed,
+    world 1) ends as the stages' ranks do, past the interpreter's finalization (coa.train.zero.run_then_exit);
+    looked up, not imported, since coa is importable only once the carried wheels are installed."""
+    zero = sys.modules.get("coa.train.zero")
+    if zero is not None:
+        zero.run_then_exit(sys.exit, code)
+    raise SystemExit(code)
