@@ -7,7 +7,8 @@ student's own states (DAgger's aggregation), trained from ``--policy`` with the 
 
 The pool: the first ``--per-domain`` rl-split tasks of each domain in ``--domains`` (web: those the difficulty stage
 kept), inside bench/rl.py's reserve, so never in a validation slice (bench/rl.py's slices, in its domain order). ``--teacher``: the distill stage's team (its
-style: the slips on) solves each pool task once; its correct trajectories are SFT rows. ``--corrections``: the
+style: the slips on) solves each pool task once; its correct trajectories are SFT rows (coa.train.teach.team_records,
+what the rl stage's ``rl.teach`` trains on). ``--corrections``: the
 policy rolls out greedily on the pool (the states the greedy eval visits) and the team's turns from the states
 where it did otherwise (coa.train.dapo.guided.teacher_guided: ``--states``, ``--max-states``, the team taking over
 to its answer, in ``--correct-domains``) are SFT rows in the student's own context; ``--grounded`` keeps those at
@@ -64,11 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     from coa.rollout.types import Request, Sampling
     from coa.runtime import agent_limits, tools_factory
     from coa.teacher.guide import Guide, clean_style
-    from coa.teacher.run import linearise_or_empty, make_teacher, teacher_attempt
+    from coa.teacher.run import make_teacher
     from coa.teacher.states import StateFacts, state_kind
     from coa.train.dapo import reward_score
     from coa.train.dapo.guided import teacher_guided
     from coa.train.sft import encode_trajectories, train_sft
+    from coa.train.teach import team_records
 
     params = load_params(ROOT / "params.yaml")
     limits, tools = agent_limits(params.common.agent), tools_factory(params.common.tools, str(ROOT / "data/index"))
@@ -85,12 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.teacher:  # the distill stage's team, its style as SFT's data has it
         start = time.perf_counter()
         teacher = make_teacher(params.distill, params.common.tools, str(ROOT / "data/index"))
-        records = []
-        for i, t in enumerate(pool):
-            transcript, ok = teacher_attempt(teacher, t, derive_seed(seed, f"dagger-{i}"))
-            text, why = linearise_or_empty(transcript)
-            if ok and not why:
-                records.append({"prompt": t["question"], "domain": t["domain"], "trajectory": text, "weight": 1.0})
+        records, _ = team_records(teacher, pool, seed)  # the rl stage's rl.teach data
         more, cut = encode_trajectories(tok, records, params.sft.max_len)
         examples += more
         row["teacher"] = {"solved": len(records), "examples": len(more), "cut": cut, "tokens": sum(sum(e.loss_mask) for e in more),

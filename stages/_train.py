@@ -57,8 +57,12 @@ class TrainingStage(Stage):
     @property
     def log_fn(self) -> Any:
         """The trainer's step log (MLflow, under ``train.``) on rank 0; None on the other ranks."""
+        return self.log_fn_of("train")
+
+    def log_fn_of(self, prefix: str) -> Any:
+        """A step log under ``prefix.`` (MLflow) on rank 0; None on the other ranks."""
         def log_step(step: int, metrics: dict[str, float]) -> None:
-            self.run.log_metrics({"train": metrics}, step=step)
+            self.run.log_metrics({prefix: metrics}, step=step)
 
         return log_step if self.main_rank else None
 

@@ -155,6 +155,30 @@ class GuideConfig:
 
 
 @dataclass(frozen=True)
+class TeachConfig:
+    tasks: dict[str, int] = _help(
+        "RL-split tasks per domain (web, math, code) the teacher team (distill.teacher, its style) solves before DAPO, "
+        "the first by task_id (web: those the difficulty stage kept; never a task solve_filter sampled): its correct "
+        "trajectories train the SFT policy on with the sft loop (sft's settings; lr, epochs, trainable_layers "
+        "below), then DAPO goes on from there (coa.train.teach). {} or zeros = off.",
+        default_factory=dict)
+    lr: float = _help("Peak learning rate of that pass (sft's schedule).", default=3.0e-5)
+    epochs: float = _help("Passes over its trajectories.", default=1.0)
+    trainable_layers: int = _help("Its top N decoder layers trained (0 = every parameter).", default=0)
+
+    def __post_init__(self) -> None:
+        _require(set(self.tasks) <= {"web", "math", "code"} and min(self.tasks.values(), default=0) >= 0, "tasks",
+                 "must map some of web, math, code to counts >= 0")
+        _require(self.lr > 0, "lr", "must be > 0")
+        _require(self.epochs > 0, "epochs", "must be > 0")
+        _require(self.trainable_layers >= 0, "trainable_layers", "must be >= 0 (0 = every parameter)")
+
+    @property
+    def on(self) -> bool:
+        return sum(self.tasks.values()) > 0
+
+
+@dataclass(frozen=True)
 class RlConfig:
     steps: int = _help("Optimizer steps (each: rollouts, then one update per mini-batch).")
     prompts_per_step: int = _help("Groups (prompts) per step after dynamic sampling (the paper: 64 web, 256 code/math).")
@@ -198,6 +222,9 @@ class RlConfig:
     checkpoint_every: int = _help("Steps between resumable checkpoints (model, optimizer, task stream, RNG).")
     heldout_tasks: int = _help("Eval-split tasks per domain rolled out by the RL policy to measure KL(RL || SFT).")
     register_as: str = _help("MLflow registered-model name of the result.")
+    teach: TeachConfig = _help("Before DAPO: the teacher team's trajectories of fresh RL-split tasks, trained with the "
+                               "sft loop (docs/sizing.md: the stage after SFT as supervised data).",
+                               default_factory=TeachConfig)
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "max_gen_batches", "mini_batches", "row_tokens",

@@ -131,9 +131,13 @@ def run(root: Path) -> list[str]:
         f"math {f.get('math.kept', 0)}, code {f.get('code.kept', 0)}; {f['dropped_unsolved']} solved 0/{k}, "
         f"{f['dropped_solved']} solved {k}/{k}), {f['rollouts']} rollouts in {f['sample_s']:.0f} s "
         f"({f['policy_tokens_per_s']:.0f} policy tokens/s) |",
+        *([f"| rl.teach: the team's trajectories of fresh RL tasks, the sft loop | {sum(t['solved'].values())} of "
+           f"{sum(t['pool'].values())} solved ({', '.join(f'{d} {n}' for d, n in t['solved'].items())}), "
+           f"{t['target_tokens']:,} trained targets, {t['steps']} steps, {t['train_s'] / 60:.1f} min (loss "
+           f"{t['first_loss']:.2f} -> {t['final_loss']:.2f}) |"] if (t := r.get("teach")) else []),
         f"| rl: reward and accuracy, first to last fifth of the steps; KL(RL ‖ SFT) per token | reward "
         f"{r['reward_first_fifth']:.2f} -> {r['reward_last_fifth']:.2f}, accuracy {r['accuracy_first_fifth']:.2f} -> "
-        f"{r['accuracy_last_fifth']:.2f} ({r['steps']} steps on {r['tasks']} tasks); KL {r['kl_rl_sft_heldout']:.4f}; "
+        f"{r['accuracy_last_fifth']:.2f} ({r['steps']} step{'s' * (r['steps'] != 1)} on {r['tasks']} tasks); KL {r['kl_rl_sft_heldout']:.4f}; "
         f"rollouts {r['rollout_s']:.0f} s, update {r['update_s']:.0f} s |",
         f"| eval: the policies' rollouts | base {e['base']['eval_s']:.0f} s, SFT {e['sft']['eval_s']:.0f} s "
         f"({e['sft']['policy_tokens_per_s']:.0f} policy tokens/s), RL {e['rl']['eval_s']:.0f} s "

@@ -147,7 +147,8 @@ def test_deepspeed_ranks_die_with_their_stage_and_a_killed_run_reruns_to_the_sam
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     params["rl"]["deepspeed"]["processes"] = 2
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    paths = {"tasks": "data/tasks.parquet", "rl-tasks": "data/rl_tasks.parquet", "policy": "models/sft",
+    paths = {"tasks": "data/tasks.parquet", "rl-tasks": "data/rl_tasks.parquet", "difficulty": "data/difficulty.parquet",
+             "policy": "models/sft",
              "index": "data/index", "checkpoints": ".cache/rl", "out": "models/rl", "metrics": "metrics/rl.json",
              "plots": "plots/rl_reward.json", "web": "data/web/rl",
              "teacher": "data/teacher/rl"}

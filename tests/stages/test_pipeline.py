@@ -59,7 +59,8 @@ SMOKE = {
     "solve_filter": {"max_tasks": 3, "k": 2, "drop_unsolved": False, "engine": {"max_batch": 32}},
     "rl": {"steps": 2, "prompts_per_step": 2, "rollouts_per_prompt": 2, "max_gen_batches": 1, "row_tokens": 2048,
            "checkpoint_every": 1, "heldout_tasks": 1, "overlong_buffer": 128, "engine": {"max_batch": 32},
-           "trainable_layers": 1},  # of the smoke model's 2: the update starts from the engine's kept states
+           "trainable_layers": 1,  # of the smoke model's 2: the update starts from the engine's kept states
+           "teach": {"tasks": {"web": 1, "math": 2, "code": 1}, "lr": 1.0e-3}},  # the team's fresh tasks first
     "eval": {"max_tasks": 2, "k": 2, "engine": {"max_batch": 32},
              "benchmarks": [{"kind": "hotpotqa", "path": "hotpotqa.json", "n": 2}]},
 }
@@ -328,6 +329,9 @@ def test_solve_filter_and_rl_reconcile_and_register(smoke_repo):
     curve = yaml.safe_load((smoke_repo / "plots/rl_reward.json").read_text())
     assert rl["steps"] == len(curve) == 2 and all(row["reward"] is not None for row in curve)
     assert rl["tasks"] == m["kept"] and rl["heldout_rollouts"] == 3
+    taught = rl["teach"]  # rl.teach: the team's trajectories of fresh rl-split tasks, never solve_filter's
+    assert taught["pool"]["math"] == 2 and sum(taught["pool"].values()) <= 4  # web: only what difficulty kept
+    assert taught["examples"] == sum(taught["solved"].values()) > 0 and taught["steps"] >= 1
     assert rl["malloc"] == MALLOC and "malloc" not in m  # the training stages only
     assert m["policy_tokens_per_s"] > 0 and rl["policy_tokens_per_s"] > 0  # the engine's rate, in both stages
     assert not (smoke_repo / ".cache/rl").exists()

@@ -43,6 +43,7 @@ def write_inputs(root: Path) -> None:
     stats = [{"task_id": t["task_id"], "domain": "web", "split": "rl", "n_samples": 4, "n_correct": 1, "r_q": 0.25,
               "kept": True} for t in tasks if t["split"] == "rl"]
     write_table(pl.DataFrame(stats, schema=TASK_STATS_DTYPES), root / "data/rl_tasks.parquet", TaskStats)
+    write_table(pl.DataFrame(stats, schema=TASK_STATS_DTYPES), root / "data/difficulty.parquet", TaskStats)  # rl.teach's
     BM25Index.build(["Orvane Labs"], ["https://example.org/orvane"],
                     ["Orvane Labs is headquartered in Tesk."]).save(root / "data/index")
     tok = make_tokenizer()  # thinks, then searches or answers: lengths, and so the overlong penalties, differ
@@ -58,7 +59,8 @@ def write_inputs(root: Path) -> None:
 def test_paper_preset_rl_runs_on_two_gloo_ranks(tmp_path):
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install -e .[train])")
     write_inputs(tmp_path)
-    paths = {"tasks": "data/tasks.parquet", "rl-tasks": "data/rl_tasks.parquet", "policy": "models/sft",
+    paths = {"tasks": "data/tasks.parquet", "rl-tasks": "data/rl_tasks.parquet", "difficulty": "data/difficulty.parquet",
+             "policy": "models/sft",
              "index": "data/index", "checkpoints": ".cache/rl", "out": "models/rl", "metrics": "metrics/rl.json",
              "plots": "plots/rl_reward.json", "web": "data/web/rl",
              "teacher": "data/teacher/rl"}

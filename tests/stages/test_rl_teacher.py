@@ -25,7 +25,8 @@ from tests.stages.test_pipeline import merge
 from tests.stages.test_rl_stage import ROOT, write_inputs
 
 pytestmark = pytest.mark.slow
-PATHS = {"tasks": "data/tasks.parquet", "rl-tasks": "data/rl_tasks.parquet", "policy": "models/sft",
+PATHS = {"tasks": "data/tasks.parquet", "rl-tasks": "data/rl_tasks.parquet", "difficulty": "data/difficulty.parquet",
+         "policy": "models/sft",
          "index": "data/index", "checkpoints": ".cache/rl", "out": "models/rl", "metrics": "metrics/rl.json",
          "plots": "plots/rl_reward.json", "web": "data/web/rl", "teacher": "data/teacher/rl"}
 

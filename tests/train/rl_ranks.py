@@ -36,6 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from gpu_figures import count_head  # noqa: E402 - bench/'s, which bench/gpu_row.py counts with on a GPU
 
 from coa.config import DeepSpeedConfig, load_params  # noqa: E402
+from coa.config.train import TeachConfig  # noqa: E402
 from coa.prompts import render_prompt  # noqa: E402
 from coa.rollout.hf import HFEngine  # noqa: E402
 from coa.rollout.types import Limits  # noqa: E402
@@ -63,7 +64,8 @@ def rl_cfg(spec: dict):
                    rollouts_per_prompt=4, max_gen_batches=2, mini_batches=spec.get("mini_batches", 2),
                    row_tokens=512, lr=3e-3, warmup_steps=0, checkpoint_every=1, dtype=spec.get("dtype", "float32"),
                    overlong_buffer=0, kl_coef=spec.get("kl", 0.0), trainable_layers=0, deepspeed=ds,
-                   gradient_checkpointing=spec.get("gc", False), logprob_chunk=spec.get("chunk", 1024))
+                   gradient_checkpointing=spec.get("gc", False), logprob_chunk=spec.get("chunk", 1024),
+                   teach=TeachConfig())  # off: rl.teach trains in one process, before DAPO (the stage's)
 
 
 class RecordingEngine:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,18 @@ def test_more_ranks_than_groups_or_ranks_without_deepspeed_is_one_line(monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SystemExit, match="rl.deepspeed.enabled is false"):
         check_launch(rl_ranks.rl_cfg({"zero": 0}))
+
+
+def test_teach_beside_deepspeed_or_vllm_is_one_line(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cfg = rl_ranks.rl_cfg({"zero": 3})
+    teach = replace(cfg.teach, tasks={"math": 2})
+    with pytest.raises(SystemExit, match=r"rl.teach trains in this one process .* set rl.teach.tasks to \{\}"):
+        check_launch(replace(cfg, teach=teach))
+    plain = rl_ranks.rl_cfg({"zero": 0})
+    with pytest.raises(SystemExit, match="rl.teach trains in this one process"):
+        check_launch(replace(plain, teach=teach, engine=replace(plain.engine, kind="vllm")))
+    check_launch(replace(plain, teach=teach))  # one process, engine hf: it runs
 
 
 def test_deepspeed_asked_for_where_it_is_not_installed_is_one_line(monkeypatch):
