@@ -16,8 +16,8 @@ from tests.train.tiny_sft import cfg, make_tokenizer, tiny_model
 
 
 def _tasks() -> pl.DataFrame:
-    rows = [{"task_id": f"{d}-{i:02d}", "domain": d, "split": s, "question": "q"}
-            for d in ("web", "math", "code") for i in range(6) for s in (("rl", "sft")[i % 2],)]
+    rows = [{"task_id": f"{d}-{i:02d}", "domain": d, "split": ("rl", "sft")[i % 2], "question": "q"}
+            for d in ("web", "math", "code") for i in range(6)]
     return pl.DataFrame(rows)
 
 
