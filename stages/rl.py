@@ -48,7 +48,7 @@ from coa.train.dapo.engine import close_engine, rl_engine
 from coa.train.dapo.guided import guided_from
 from coa.train.dapo.heldout import trained_kl
 from coa.train.dapo.ranks import check_launch, zero_settings
-from coa.train.teach import teach, teach_pool
+from coa.train.teach import check_teach, teach, teach_pool
 from coa.train.zero import run_then_exit
 from schemas import Task, TaskStats
 from stages._train import TrainingStage
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     with st:
         cfg, agent = st.cfg, st.params.common.agent
         check_launch(cfg)  # one line for a launch that cannot work, before any model loads
+        check_teach(cfg)
         store = stage_store(st.params.common.tools.web_cache, st.args.web)  # every rank records (atomic writes)
         tools = tools_factory(st.params.common.tools, st.args.index, store)  # a strict sandbox refuses here, as early
         seed = derive_seed(st.params.common.seed, "rl")

@@ -36,6 +36,15 @@ from coa.teacher.run import Teacher, linearise_or_empty, teacher_attempt
 from coa.train.sft import LogFn, TrainResult, encode_trajectories, train_sft
 
 
+def check_teach(rl_cfg: Any) -> None:
+    """One line (SystemExit) when ``rl.teach`` is on beside rl.deepspeed or a vLLM engine: it trains in the rl
+    stage's one process, before DAPO."""
+    if rl_cfg.teach.on and (rl_cfg.deepspeed.enabled or rl_cfg.engine.kind == "vllm"):
+        raise SystemExit("rl: rl.teach trains in this one process before DAPO, beside neither rl.deepspeed nor a vLLM "
+                         "engine: set rl.teach.tasks to {} (off; at that scale give the team's extra tasks to SFT: "
+                         "distill.max_tasks), or run rl on one process with engine hf")
+
+
 def teach_pool(tasks: pl.DataFrame, kept_web: Iterable[str], sampled: Iterable[str],
                per_domain: Mapping[str, int]) -> list[dict[str, Any]]:
     """The first ``per_domain[d]`` RL-split tasks of each domain d by task_id: web only among ``kept_web`` (the

@@ -20,6 +20,7 @@ import torch
 
 from coa.train import kit
 from coa.train.dapo.ranks import Ranks, check_checkpoint, check_launch
+from coa.train.teach import check_teach
 from coa.train.zero import module_weights, zero3_loading
 from tests.train import rl_ranks
 
@@ -195,11 +196,13 @@ def test_teach_beside_deepspeed_or_vllm_is_one_line(monkeypatch):
     cfg = rl_ranks.rl_cfg({"zero": 3})
     teach = replace(cfg.teach, tasks={"math": 2})
     with pytest.raises(SystemExit, match=r"rl.teach trains in this one process .* set rl.teach.tasks to \{\}"):
-        check_launch(replace(cfg, teach=teach))
+        check_teach(replace(cfg, teach=teach))
     plain = rl_ranks.rl_cfg({"zero": 0})
     with pytest.raises(SystemExit, match="rl.teach trains in this one process"):
-        check_launch(replace(plain, teach=teach, engine=replace(plain.engine, kind="vllm")))
-    check_launch(replace(plain, teach=teach))  # one process, engine hf: it runs
+        check_teach(replace(plain, teach=teach, engine=replace(plain.engine, kind="vllm")))
+    check_teach(replace(plain, teach=teach))  # one process, engine hf: it runs
+    # train_dapo's own check leaves rl.teach to the rl stage: DAPO alone (bench/gpu.py) runs beside vLLM
+    check_launch(replace(plain, teach=teach, engine=replace(plain.engine, kind="vllm")))
 
 
 def test_deepspeed_asked_for_where_it_is_not_installed_is_one_line(monkeypatch):

@@ -110,7 +110,7 @@ def zero_trainer(model: torch.nn.Module, cfg: Any, lr_lambda: Callable[[int], fl
 
 def check_launch(cfg: Any) -> None:
     """One line (SystemExit) for a launch that cannot work: several ranks without rl.deepspeed, more ranks
-    than groups per step, rl.teach beside rl.deepspeed or vLLM, rl.deepspeed without DeepSpeed installed."""
+    than groups per step, rl.deepspeed without DeepSpeed installed (the rl stage's rl.teach: coa.train.teach.check_teach)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not cfg.deepspeed.enabled:
         raise SystemExit(f"rl: launched on {world} ranks but rl.deepspeed.enabled is false: set it true "
@@ -119,10 +119,6 @@ def check_launch(cfg: Any) -> None:
         raise SystemExit(f"rl: launched on {world} ranks but rl.prompts_per_step is {cfg.prompts_per_step}: each "
                          f"rank rolls out whole groups, so launch at most {cfg.prompts_per_step} ranks or raise "
                          "rl.prompts_per_step")
-    if cfg.teach.on and (cfg.deepspeed.enabled or cfg.engine.kind == "vllm"):
-        raise SystemExit("rl: rl.teach trains in this one process before DAPO, beside neither rl.deepspeed nor a vLLM "
-                         "engine: set rl.teach.tasks to {} (off; at that scale give the team's extra tasks to SFT: "
-                         "distill.max_tasks), or run rl on one process with engine hf")
     if cfg.deepspeed.enabled:
         require_deepspeed("rl")
 
