@@ -59,6 +59,7 @@ VALIDATION_RESERVE = 128  # the first rl-split tasks of a domain by task_id: whe
 
 
 SLICES = {"middle": 2, "fresh": 0, "third": 1, "last": 3}  # where in each run a validation slice takes its task, in quarters
+SLICE_NAMES = (*SLICES, "spare")  # spare: a run's first task no quarter takes (bench/dagger.py's choice of 2026-12-01)
 
 
 def validation_per_domain(tasks: pl.DataFrame, n: int, reserve: int = VALIDATION_RESERVE,
@@ -71,15 +72,30 @@ def validation_per_domain(tasks: pl.DataFrame, n: int, reserve: int = VALIDATION
     ``at`` "middle" their middles (the slice ~20 arms chose among from 2026-11-27 on: an arm chosen on them keeps
     winning on them; docs/sizing.md), "fresh" their first tasks (the steps' choice of 2026-11-30), "third" their
     first quarters (the web answer turn's choice of 2026-11-30), "last" their third quarters (the
-    student's-states study of 2026-12-01); disjoint where a run holds 4 tasks or more (at 50
-    a domain web's runs hold 7.5)."""
+    student's-states study of 2026-12-01), "spare" each run's first task none of the four takes (rl.teach's size, 2026-12-01);
+    disjoint where a run holds 5 tasks or more (at 50 a domain web's runs hold 7.5, code's 7.4)."""
     out = []
     for domain in sorted(set(tasks["domain"])):
         part = tasks.filter((pl.col("split") == "rl") & (pl.col("domain") == domain)).sort("task_id")[reserve:]
         if n and part.height > n:
-            part = part[[(4 * i + SLICES[at]) * part.height // (4 * n) for i in range(n)]]
+            part = part[_positions(part.height, n, at)]
         out.append(part)
     return pl.concat(out) if out else tasks.head(0)
+
+
+def _positions(height: int, n: int, at: str) -> list[int]:
+    """validation_per_domain's rows: one of each of ``n`` equal runs of ``height``, at ``at``'s quarter, or for
+    "spare" the run's first row that no quarter's slice takes (the run's first quarter where every row is taken)."""
+    def quarter(i: int, k: int) -> int:
+        return (4 * i + k) * height // (4 * n)
+    if at != "spare":
+        return [quarter(i, SLICES[at]) for i in range(n)]
+    out = []
+    for i in range(n):
+        taken = {quarter(i, k) for k in SLICES.values()}
+        free = [j for j in range(i * height // n, (i + 1) * height // n) if j not in taken]
+        out.append(free[0] if free else quarter(i, SLICES["third"]))
+    return out
 
 
 def slices(tasks: pl.DataFrame, kept_web: set[str], domains: list[str], pool: int, val: int,
@@ -250,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh-val", action="store_const", const="fresh", dest="slice", default="middle",
                     help="the validation slice's disjoint twin (each run's first task, not its middle): tasks no "
                          "study chose on before 2026-11-30 (--slice fresh)")
-    ap.add_argument("--slice", choices=sorted(SLICES), default="middle",
+    ap.add_argument("--slice", choices=sorted(SLICE_NAMES), default="middle",
                     help="which validation slice (validation_per_domain's at; middle: the studies' own)")
     ap.add_argument("--filter-k", type=int, default=0, help="solve filter rollouts per pool task (0: none)")
     ap.add_argument("--pool-from", default=None, metavar="RL_TASKS",

@@ -68,6 +68,10 @@ def test_the_validation_slice_spreads_over_the_rl_split_past_the_pools(bench):
     last = bench.validation_per_domain(tasks, 4, reserve=4, at="last")["task_id"].to_list()
     assert last == ["code-007", "code-011", "code-015", "code-019", "math-004", "math-005"]  # each run's third quarter
     assert not set(last[:4]) & (set(out) | set(fresh) | set(third))
+    spare = bench.validation_per_domain(tasks, 3, reserve=4, at="spare")["task_id"].to_list()
+    assert spare[:3] == ["code-007", "code-011", "code-015"]  # runs of 5-6 rows, 4 taken by the quarters: the first free
+    quarters = {a: set(bench.validation_per_domain(tasks, 3, reserve=4, at=a)["task_id"]) for a in bench.SLICES}
+    assert not set(spare[:3]) & set().union(*quarters.values())
     # the pool (the first tasks of each domain) and the slice never meet
     train, valid = bench.slices(tasks, set(), ["code"], 3, 4, reserve=4)
     assert [t["task_id"] for t in train] == ["code-000", "code-001", "code-002"]
