@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grounded", action="store_true",
                     help="only the states the student can read a cause at: the start and right after a failed or "
                          "repeated call (not after a clean call, where the team's next call has no cause it sees)")
+    ap.add_argument("--kinds", default=None,
+                    help="only the corrected states of these kinds (coa.teacher.states.state_kind: start, after_failed, "
+                         "after_repeat, other), e.g. after_failed,after_repeat")
+    ap.add_argument("--repeat-corrections", type=int, default=1, help="each kept correction trained this many times")
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--layers", type=int, default=0, help="the top layers trained (0: every layer)")
     ap.add_argument("--epochs", type=float, default=1.0)
@@ -113,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             for e in more:
                 kind = state_kind(tok.decode(e.input_ids[len(r.prompt_ids):e.loss_mask.index(1)]))
                 kinds[kind] = kinds.get(kind, 0) + 1
-                if not args.grounded or kind != "other":
-                    examples.append(e)
+                if (not args.grounded or kind != "other") and (not args.kinds or kind in args.kinds.split(",")):
+                    examples += [e] * args.repeat_corrections
         row["corrections"] = {"rollouts": len(rollouts), "correct": n_ok, **dataclasses.asdict(facts_all), "kinds": kinds,
                               "trained": len(examples) - row.get("teacher", {}).get("examples", 0),
                               "s": round(time.perf_counter() - start, 1)}
