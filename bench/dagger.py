@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 if (not args.grounded or kind != "other") and (not args.kinds or kind in args.kinds.split(",")):
                     examples += [e] * args.repeat_corrections
         row["corrections"] = {"rollouts": len(rollouts), "correct": n_ok, **dataclasses.asdict(facts_all), "kinds": kinds,
-                              "trained": len(examples) - row.get("teacher", {}).get("examples", 0),
+                              "trained": len(examples) - (row["teacher"] or {}).get("examples", 0),
                               "s": round(time.perf_counter() - start, 1)}
         del engine
         print(json.dumps({"corrections": row["corrections"]}), flush=True)
