@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-domain", type=int, default=64)
     ap.add_argument("--correct-domains", default=None, help="the domains whose states are corrected (default: --domains)")
     ap.add_argument("--teacher", action="store_true", help="fresh team trajectories of the pool tasks")
+    ap.add_argument("--teacher-domains", default=None, help="the domains --teacher solves (default: --domains)")
     ap.add_argument("--corrections", action="store_true", help="the team's turns from the policy's own states")
     ap.add_argument("--states", default="recovery_first", choices=("first", "recovery_first"))
     ap.add_argument("--max-states", type=int, default=2)
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--val", type=int, default=50)
     ap.add_argument("--slice", default="last")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mask-drafts", action="store_true", help="--teacher's failed drafts as context, not targets")
+    ap.add_argument("--style", action="append", default=[], metavar="KEY=P",
+                    help="--teacher's team style: distill.offline's KEY set to P (p_slip=0: no slips)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--save", default=None, help="save the trained policy here (an HF folder)")
     args = ap.parse_args(argv)
@@ -90,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     examples = []
     if args.teacher:  # the distill stage's team, its style as SFT's data has it
         start = time.perf_counter()
-        teacher = make_teacher(params.distill, params.common.tools, str(ROOT / "data/index"))
-        records, _ = team_records(teacher, pool, seed)  # the rl stage's rl.teach data
-        more, cut = encode_trajectories(tok, records, params.sft.max_len)
+        style = dataclasses.replace(params.distill.offline, **{k: float(v) for k, v in (kv.split("=", 1) for kv in args.style)})
+        teacher = make_teacher(dataclasses.replace(params.distill, offline=style), params.common.tools, str(ROOT / "data/index"))
+        taught = [t for t in pool if t["domain"] in (args.teacher_domains or args.domains).split(",")]
+        records, _ = team_records(teacher, taught, seed)  # the rl stage's rl.teach data
+        more, cut = encode_trajectories(tok, records, params.sft.max_len, mask_drafts=args.mask_drafts)
         examples += more
         row["teacher"] = {"solved": len(records), "examples": len(more), "cut": cut, "tokens": sum(sum(e.loss_mask) for e in more),
                           "s": round(time.perf_counter() - start, 1)}
