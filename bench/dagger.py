@@ -4,6 +4,7 @@ student's own states (DAgger's aggregation), trained from ``--policy`` with the 
 
     python bench/dagger.py --tag T [--teacher] [--corrections [--grounded]] --domains web,math,code
         --correct-domains math,code --per-domain 64 --lr 3e-5 --slice last --out ROWS [--save DIR]
+        [--teacher-domains web] [--style p_slip=0] [--mask-drafts]
 
 The pool: the first ``--per-domain`` rl-split tasks of each domain in ``--domains`` (web: those the difficulty stage
 kept), inside bench/rl.py's reserve, so never in a validation slice (bench/rl.py's slices, in its domain order). ``--teacher``: the distill stage's team (its
@@ -27,7 +28,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import polars as pl
-from rl import ROOT, correct_by_key, evaluate_rows, pair, policy_rows, slices, summary
+from rl import ROOT, _value, correct_by_key, evaluate_rows, pair, policy_rows, slices, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,10 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--save", default=None, help="save the trained policy here (an HF folder)")
     args = ap.parse_args(argv)
+    if bad := [kv for kv in args.style if "=" not in kv]:
+        ap.error(f"--style {bad[0]}: write KEY=P, e.g. p_slip=0")
+    style = [kv.split("=", 1) for kv in args.style]
     if not (args.teacher or args.corrections):
         raise SystemExit("nothing to train on: pass --teacher, --corrections or both")
 
-    from coa.config import derive_seed, load_params
+    from coa.config import ConfigError, derive_seed, load_params
     from coa.device import cpu_capability, resolve_dtype
     from coa.model import load_pretrained
     from coa.prompts import render_prompt
@@ -81,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     from coa.train.teach import team_records
 
     params = load_params(ROOT / "params.yaml")
+    # --teacher's team: params.yaml's loader checks each --style override (its name, a probability); the guide and
+    # the rest keep params.distill
+    try:
+        styled = load_params(ROOT / "params.yaml", {f"distill.offline.{k}": _value(v) for k, v in style}).distill
+    except ConfigError as e:
+        ap.error(f"--style: {e}")
     limits, tools = agent_limits(params.common.agent), tools_factory(params.common.tools, str(ROOT / "data/index"))
     seed = derive_seed(params.common.seed, "rl") + args.seed
     tasks = pl.read_parquet(ROOT / "data/tasks.parquet")
@@ -94,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = []
     if args.teacher:  # the distill stage's team, its style as SFT's data has it
         start = time.perf_counter()
-        style = dataclasses.replace(params.distill.offline, **{k: float(v) for k, v in (kv.split("=", 1) for kv in args.style)})
-        teacher = make_teacher(dataclasses.replace(params.distill, offline=style), params.common.tools, str(ROOT / "data/index"))
+        teacher = make_teacher(styled, params.common.tools, str(ROOT / "data/index"))
         taught = [t for t in pool if t["domain"] in (args.teacher_domains or args.domains).split(",")]
         records, _ = team_records(teacher, taught, seed)  # the rl stage's rl.teach data
         more, cut = encode_trajectories(tok, records, params.sft.max_len, mask_drafts=args.mask_drafts)
