@@ -37,6 +37,10 @@ class OfflineStyleConfig:
     p_slip: float = _help("Chance of a flawed first attempt that the observation exposes, then its recovery: the "
                           "coder's failing draft (a crash, a failed worked example), the searcher's name cut short "
                           "(no results), each named by the critic's reflection and fixed in the next turn.")
+    p_show_result: float = _help("Coder (code tasks): chance of running the worked example as `result = call`, "
+                                 "`print(repr(result))`, then the assert, so a failed example shows what the function "
+                                 "returned and the fix's thought quotes it against the expected value (0: a bare "
+                                 "assert, no random draw spent).", default=0.0)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

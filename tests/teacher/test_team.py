@@ -100,6 +100,29 @@ def test_a_failed_run_is_named_and_fixed(domain, generate):
     assert recovered >= 8
 
 
+def test_a_failed_worked_example_shows_what_the_function_returned():
+    """p_show_result: the worked example's result is printed before its assert, so a failed example's observation
+    holds the value, and the fix's thought quotes it against the expected one; at 0 the team is the shipped one."""
+    tasks = generate_code(seed=5, n_tasks=12, splits={"sft": 1.0})
+    tools = {"code": code_tool(SandboxLimits(wall_time_s=5.0))}
+    show = OfflineStyle(**{**SLIPPY.__dict__, "p_show_result": 1.0})
+    quoted = 0
+    for i, task in enumerate(tasks):
+        r = run_team(task["question"], "code", offline_team("code", random.Random(i), show), ToolSession(tools, 1536), LIMITS)
+        steps = parse(linearise(r))
+        assert check_transitions(steps, "code") == [] and check("code", r.answer, task)
+        codes = [j for j, s in enumerate(steps) if s.tag == "code"]
+        assert all("print(repr(result))" in steps[j].content for j in codes)
+        for j in codes[:-1]:
+            if "AssertionError" in steps[j + 1].content:
+                value = steps[j + 1].content.split("Traceback")[0].strip().splitlines()[-1]
+                assert f"returned {value} where" in steps[j + 3].content
+                quoted += 1
+        plain = run_team(task["question"], "code", offline_team("code", random.Random(i), SLIPPY), ToolSession(tools, 1536), LIMITS)
+        assert "print(repr(result))" not in linearise(plain)
+    assert quoted >= 3
+
+
 def test_a_name_cut_short_finds_nothing_and_the_full_name_follows(web_world):
     tasks, tools = web_world
     seen = 0

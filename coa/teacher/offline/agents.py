@@ -20,7 +20,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from coa.format import format_double_check, format_reflection
-from coa.teacher.offline.code_solver import example_check, solve_code
+from coa.teacher.offline.code_solver import example_check, example_parts, solve_code
 from coa.teacher.offline.math_solver import solve_math
 from coa.teacher.offline.web import (
     DESCRIBE,
@@ -63,6 +63,7 @@ class OfflineStyle:
     p_critic_catch: float  # critic: grade a direct-search shortcut poor straight away
     p_lenient: float  # verifier: accept an unverified snippet answer (a mistake the filters catch)
     p_slip: float  # a flawed first attempt the observation exposes (coder: a failing draft; searcher: a name cut short)
+    p_show_result: float = 0.0  # coder: the worked example's result printed before its assert (0: no draw)
 
 
 def _last(context: list[dict[str, str]], prefix: str = "") -> str:
@@ -423,13 +424,15 @@ def _coder(domain: str, rng: random.Random, style: OfflineStyle) -> Callable[[st
         if solution is None:
             return "<think>I do not recognise this problem and cannot write a program for it.</think>\n" \
                    "<result>answer: unknown</result>"
-        check = example_check(question) if domain == "code" else None
+        show = domain == "code" and style.p_show_result > 0 and rng.random() < style.p_show_result  # no draw at 0
+        check = example_check(question, show) if domain == "code" else None
         # one slip at most: with a second now and then (p_slip again) the student retried to its token limit
         drafts = ([rng.choice(solution.slips)] if solution.slips and rng.random() < style.p_slip else []) + [solution.code]
         output = ""
         for i, draft in enumerate(drafts):
             program = f"{draft}\n\n{check}\nprint('example passed')" if check else draft
-            why = solution.approach if i == 0 else f"{diagnose(output, solution.approach)} Let me fix it and run it again."
+            why = solution.approach if i == 0 else \
+                f"{diagnose(output, solution.approach, example_parts(question) if show else None)} Let me fix it and run it again."
             ctx = yield f"<think>{why}</think>\n{CODE.call(chr(10) + format_code(program) + chr(10))}"
             output = _last(ctx)
             ok = ("example passed" in output) if check else _number(output) is not None
@@ -444,9 +447,13 @@ def _coder(domain: str, rng: random.Random, style: OfflineStyle) -> Callable[[st
     return start
 
 
-def diagnose(output: str, approach: str) -> str:
-    """What a failed run's output says went wrong, read off its last error line (the coder's next thought)."""
+def diagnose(output: str, approach: str, example: tuple[str, str] | None = None) -> str:
+    """What a failed run's output says went wrong, read off its last error line (the coder's next thought);
+    ``example`` (call, expected): the worked example's result was printed first, and a failed assert quotes it."""
     error = next((line.strip() for line in reversed(output.splitlines()) if re.match(r"\w+(Error|Exception)\b", line.strip())), "")
+    printed = output.split("Traceback (most recent call last):", 1)[0].strip().splitlines()
+    if example and error.startswith("AssertionError") and printed:
+        return f"`{example[0]}` returned {printed[-1].strip()} where {example[1]} is expected, so the logic is wrong. {approach}"
     if m := re.match(r"NameError: name '(\w+)' is not defined", error):
         return f"The run failed: `{m[1]}` is not defined, a misspelt name or a missing import."
     if error.startswith("TypeError") and "str" in error:

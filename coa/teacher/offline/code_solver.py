@@ -144,10 +144,20 @@ def solve_code(question: str) -> Solution | None:
         return None
 
 
-def example_check(question: str) -> str | None:
-    """The question's worked example as one assert statement, or None if it has none."""
+def example_parts(question: str) -> tuple[str, str] | None:
+    """The question's worked example as (call, expected) source text, or None if it has none."""
     try:
         ex = _example(question) if isinstance(question, str) else None
     except Exception:
         return None
-    return f"assert {ex[1]} == {ex[2]}" if ex else None
+    return (ex[1], ex[2]) if ex else None
+
+
+def example_check(question: str, show: bool = False) -> str | None:
+    """The question's worked example as one assert statement, or None if it has none; ``show``: the call's
+    result bound and printed first (``result = call``, ``print(repr(result))``, ``assert result == expected``),
+    so a failed example shows what the function returned."""
+    if not (parts := example_parts(question)):
+        return None
+    call, expected = parts
+    return f"result = {call}\nprint(repr(result))\nassert result == {expected}" if show else f"assert {call} == {expected}"
