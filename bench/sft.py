@@ -3,6 +3,7 @@
     python bench/sft.py                       # models/base + data/trajectories.parquet when present
     python bench/sft.py --tokens 200000 --row-tokens 2048
     python bench/sft.py --only packed/varlen --dtype float32   # the trainer's path in another autocast dtype
+    python bench/sft.py --only packed/varlen --tokens 12000 --profile   # where a step's time goes, by operator
 
 Every configuration trains one epoch of the same examples (so the same real tokens) with coa.train.sft.train_sft,
 from the same starting weights, with the sft section of params.yaml otherwise (its dtype as training resolves it, AdamW):
@@ -109,6 +110,8 @@ def main() -> int:
     )
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
                     help="autocast dtype (default: sft.dtype; auto = bfloat16 only where it trains natively: CUDA, AMX)")
+    ap.add_argument("--profile", action="store_true",
+                    help="torch.profiler over the runs: each operator's share of the CPU time (the top 12)")
     args = ap.parse_args()
 
     params = load_params(ROOT / "params.yaml")
@@ -145,6 +148,12 @@ def main() -> int:
     }
     state = {k: v.clone() for k, v in model.state_dict().items()}
     results = {}
+    profiler = None
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        profiler = profile(activities=[ProfilerActivity.CPU])
+        profiler.__enter__()
     print(f"{'config':14s} {'steps':>5s} {'tokens':>8s} {'padding':>8s} {'tok/s':>8s} {'wall s':>7s}")
     for name, (pack, attention) in runs.items():
         if args.only and name not in args.only:
@@ -169,6 +178,13 @@ def main() -> int:
             f"{time.perf_counter() - start:7.1f}"
         )
 
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        ops = [e for e in profiler.key_averages() if not e.key.startswith(("autograd::", "Optimizer."))]
+        total = sum(e.self_cpu_time_total for e in ops)
+        print(f"\n{'operator (self CPU time)':60s} {'share':>6s}")
+        for e in sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]:
+            print(f"{e.key[:60]:60s} {e.self_cpu_time_total / total:6.1%}")
     ok = True
     if "packed/varlen" in results and "padded/mask" in results:
         speedup = results["packed/varlen"][0] / results["padded/mask"][0]
