@@ -5,7 +5,7 @@
 
 The kernels, causal over one sample (what coa.train.kit.varlen_attention runs per sample of a packed row):
 
-    flash/gqa       F.scaled_dot_product_attention(..., is_causal=True, enable_gqa=True): the trainer's call
+    flash/gqa       the trainer's own call, coa.train.kit.varlen_attention (torch's flash kernel, enable_gqa)
     flash/expanded  the same with keys and values repeated to the query heads first
     explicit        Q K^T, a causal mask, softmax in float32, P V: plain matmuls
 
@@ -26,6 +26,9 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coa.train.kit import varlen_attention  # noqa: E402
 
 
 def shape() -> tuple[int, int, int, str]:
@@ -38,8 +41,14 @@ def shape() -> tuple[int, int, int, str]:
     return 9, 3, 64, "SmolLM2-135M's shape (no models/base)"
 
 
+_TRAINING = torch.nn.Module()  # varlen_attention reads only .training (dropout, none here) and the class name
+
+
 def flash_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+    """The trainer's own attention (coa.train.kit.varlen_attention) on one sample: its [B, T, H, D] output as
+    [B, H, T, D], like the other kernels'."""
+    out, _ = varlen_attention(_TRAINING, q, k, v, None, coa_segments=[([q.shape[2]], [True])])
+    return out.transpose(1, 2)
 
 
 def flash_expanded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

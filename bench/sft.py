@@ -153,7 +153,7 @@ def main() -> int:
         from torch.profiler import ProfilerActivity, profile
 
         profiler = profile(activities=[ProfilerActivity.CPU])
-        profiler.__enter__()
+        profiler.start()
     print(f"{'config':14s} {'steps':>5s} {'tokens':>8s} {'padding':>8s} {'tok/s':>8s} {'wall s':>7s}")
     for name, (pack, attention) in runs.items():
         if args.only and name not in args.only:
@@ -179,7 +179,7 @@ def main() -> int:
         )
 
     if profiler is not None:
-        profiler.__exit__(None, None, None)
+        profiler.stop()
         ops = [e for e in profiler.key_averages() if not e.key.startswith(("autograd::", "Optimizer."))]
         total = sum(e.self_cpu_time_total for e in ops)
         print(f"\n{'operator (self CPU time)':60s} {'share':>6s}")
